@@ -1,0 +1,112 @@
+"""The small Python IR: values, ops, blocks and regions, as in MLIR but with nothing else.
+
+Attributes are kept as their MLIR text, parsed only where the TMR or lowering needs them, so
+an op we do not understand still round-trips exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .types import TensorType
+
+
+class Value:
+    """An SSA value: an op result or a block argument."""
+
+    __slots__ = ("type", "owner", "index", "tag")
+
+    def __init__(self, type: TensorType, owner: Op | Block, index: int):
+        self.type = type
+        self.owner = owner
+        self.index = index
+        self.tag: str | None = None
+
+    @property
+    def producer(self) -> Op | None:
+        return self.owner if isinstance(self.owner, Op) else None
+
+    def __repr__(self) -> str:
+        where = self.owner.name if isinstance(self.owner, Op) else "arg"
+        return f"<Value {where}#{self.index}: {self.type}>"
+
+
+class Op:
+    """An operation. `rule` is the parsed Shardy sharding rule, when Shardy has one."""
+
+    __slots__ = ("name", "operands", "results", "attributes", "regions", "rule", "captures",
+                 "location")
+
+    def __init__(self, name: str, operands: list[Value], result_types: list[TensorType],
+                 attributes: dict[str, str] | None = None, regions: list[Region] | None = None):
+        self.name = name
+        self.operands = list(operands)
+        self.results = [Value(t, self, i) for i, t in enumerate(result_types)]
+        self.attributes = dict(attributes or {})
+        self.regions = list(regions or [])
+        self.rule = None
+        # Values defined outside and used inside this op's regions (implicit operands).
+        self.captures: list[Value] = []
+        self.location: str | None = None
+
+    @property
+    def inputs(self) -> list[Value]:
+        """Explicit operands followed by implicitly captured values."""
+        return self.operands + self.captures if self.captures else self.operands
+
+    def __repr__(self) -> str:
+        return f"<Op {self.name} ({len(self.operands)} -> {len(self.results)})>"
+
+
+@dataclass
+class Block:
+    args: list[Value] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+
+    def add_arg(self, type: TensorType) -> Value:
+        v = Value(type, self, len(self.args))
+        self.args.append(v)
+        return v
+
+
+@dataclass
+class Region:
+    blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass
+class Func:
+    """A function: its body block holds the args; `returns` are the returned values."""
+
+    name: str
+    body: Block
+    returns: list[Value]
+    arg_names: list[str] = field(default_factory=list)
+
+    @property
+    def args(self) -> list[Value]:
+        return self.body.args
+
+    @property
+    def ops(self) -> list[Op]:
+        return self.body.ops
+
+
+def walk(ops: list[Op]):
+    """Every op in `ops` and, recursively, in their regions (pre-order)."""
+    for op in ops:
+        yield op
+        for region in op.regions:
+            for block in region.blocks:
+                yield from walk(block.ops)
+
+
+def users_of(func: Func) -> dict[Value, list[tuple[Op, int]]]:
+    """Map each value to its top-level users (op, input index), return included as (None, i)."""
+    users: dict[Value, list[tuple[Op, int]]] = {}
+    for op in func.ops:
+        for i, v in enumerate(op.inputs):
+            users.setdefault(v, []).append((op, i))
+    for i, v in enumerate(func.returns):
+        users.setdefault(v, []).append((None, i))
+    return users

@@ -1,0 +1,138 @@
+"""Import StableHLO (text, bytecode or a `jax.stages.Lowered`) into the Python IR.
+
+We parse with jaxlib's MLIR bindings, run Shardy's `sdy-populate-op-sharding-rules` so every op
+Shardy knows carries its factor-based sharding rule, then walk the module once, inlining
+`func.call`. The walk is linear in the number of ops.
+"""
+
+from __future__ import annotations
+
+from jaxlib.mlir import ir, passmanager
+
+from .graph import Block, Func, Op, Region, Value, walk
+from .types import TensorType
+
+_RULE_ATTR = "sdy.sharding_rule"
+
+
+def make_context() -> ir.Context:
+    from jax._src.interpreters import mlir as jax_mlir
+
+    return jax_mlir.make_ir_context()
+
+
+def _type(t: ir.Type) -> TensorType:
+    if isinstance(t, ir.RankedTensorType):
+        return TensorType(tuple(t.shape), str(t.element_type))
+    try:
+        rt = ir.RankedTensorType(t)
+    except (ValueError, TypeError):
+        return TensorType((), str(t), opaque=True)
+    return TensorType(tuple(rt.shape), str(rt.element_type))
+
+
+class _Importer:
+    def __init__(self, module: ir.Module):
+        self.funcs = {}
+        for op in module.body.operations:
+            if op.operation.name == "func.func":
+                name = ir.StringAttr(op.attributes["sym_name"]).value
+                self.funcs[name] = op
+
+    def import_func(self, name: str) -> Func:
+        fop = self.funcs[name]
+        block = fop.regions[0].blocks[0]
+        body = Block()
+        env: dict[ir.Value, Value] = {}
+        for a in block.arguments:
+            env[a] = body.add_arg(_type(a.type))
+        returns = self._import_ops(block, env, body.ops)
+        return Func(name=name, body=body, returns=returns)
+
+    def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
+        """Import `block`'s ops into `out`; return the values its terminator returns."""
+        for mop in block.operations:
+            op = mop.operation
+            name = op.name
+            if name in ("func.return", "stablehlo.return"):
+                return [env[v] for v in op.operands]
+            if name == "func.call":
+                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                inner = self.funcs[callee].regions[0].blocks[0]
+                sub_env = dict(env)
+                for a, v in zip(inner.arguments, op.operands):
+                    sub_env[a] = env[v]
+                rets = self._import_ops(inner, sub_env, out)
+                for r, v in zip(op.results, rets):
+                    env[r] = v
+                continue
+            attrs = {}
+            rule = None
+            for key in op.attributes:
+                text = str(op.attributes[key])
+                if key == _RULE_ATTR:
+                    rule = text
+                else:
+                    attrs[key] = text
+            regions = []
+            for mregion in op.regions:
+                region = Region()
+                for mblock in mregion.blocks:
+                    b = Block()
+                    for a in mblock.arguments:
+                        env[a] = b.add_arg(_type(a.type))
+                    terminator = self._import_ops(mblock, env, b.ops)
+                    # Region terminators are kept as explicit ops so the printer can emit them.
+                    term_name = mblock.operations[len(mblock.operations) - 1].operation.name
+                    b.ops.append(Op(term_name, terminator, []))
+                    region.blocks.append(b)
+                regions.append(region)
+            new = Op(name, [env[v] for v in op.operands], [_type(r.type) for r in op.results],
+                     attrs, regions)
+            new.rule = rule
+            if regions:
+                new.captures = _captures(new)
+            for r, v in zip(op.results, new.results):
+                env[r] = v
+            out.append(new)
+        return []
+
+
+def _captures(op: Op) -> list[Value]:
+    """Values used inside `op`'s regions but defined outside them, in first-use order."""
+    defined: set[Value] = set()
+    used: list[Value] = []
+    for region in op.regions:
+        for block in region.blocks:
+            defined.update(block.args)
+    inner = list(walk([b_op for r in op.regions for b in r.blocks for b_op in b.ops]))
+    for o in inner:
+        defined.update(o.results)
+        for r in o.regions:
+            for b in r.blocks:
+                defined.update(b.args)
+    seen: set[Value] = set()
+    for o in inner:
+        for v in o.operands:
+            if v not in defined and v not in seen:
+                seen.add(v)
+                used.append(v)
+    return used
+
+
+def import_stablehlo(source: str | bytes, entry: str = "main") -> Func:
+    """Import a StableHLO module (text or bytecode) and return its entry function, inlined."""
+    with make_context():
+        module = ir.Module.parse(source)
+        pm = passmanager.PassManager.parse(
+            "builtin.module(func.func(sdy-populate-op-sharding-rules))")
+        pm.run(module.operation)
+        imp = _Importer(module)
+        if entry not in imp.funcs:
+            raise ValueError(f"no function @{entry} in module (have: {sorted(imp.funcs)})")
+        return imp.import_func(entry)
+
+
+def import_lowered(lowered) -> Func:
+    """Import the StableHLO of a `jax.jit(fn).lower(*args)` result."""
+    return import_stablehlo(lowered.as_text())

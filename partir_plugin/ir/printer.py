@@ -1,0 +1,80 @@
+"""Print the Python IR as StableHLO in MLIR's generic form, which every op accepts."""
+
+from __future__ import annotations
+
+from .graph import Block, Func, Op, Value
+
+# Attributes with a dialect prefix are discardable and go in `{...}`; the rest are properties.
+_DROP = {"sdy.sharding_rule"}
+
+
+class _Names:
+    def __init__(self):
+        self.names: dict[Value, str] = {}
+
+    def __call__(self, v: Value) -> str:
+        n = self.names.get(v)
+        if n is None:
+            n = self.names[v] = f"%v{len(self.names)}"
+        return n
+
+
+def _attr_dicts(op: Op) -> str:
+    props, discardable = [], []
+    for k, v in op.attributes.items():
+        if k in _DROP:
+            continue
+        (discardable if "." in k else props).append(f"{k} = {v}")
+    s = ""
+    if props:
+        s += " <{" + ", ".join(props) + "}>"
+    return s, ("{" + ", ".join(discardable) + "}" if discardable else "")
+
+
+def _print_block(block: Block, names: _Names, indent: str, lines: list[str], header: bool):
+    if header:
+        args = ", ".join(f"{names(a)}: {a.type}" for a in block.args)
+        lines.append(f"{indent[:-2]}^bb0({args}):")
+    for op in block.ops:
+        _print_op(op, names, indent, lines)
+
+
+def _print_op(op: Op, names: _Names, indent: str, lines: list[str]):
+    results = ", ".join(names(r) for r in op.results)
+    lhs = f"{results} = " if op.results else ""
+    operands = ", ".join(names(v) for v in op.operands)
+    props, disc = _attr_dicts(op)
+    in_types = ", ".join(str(v.type) for v in op.operands)
+    out_types = ", ".join(str(r.type) for r in op.results)
+    if len(op.results) != 1:
+        out_types = f"({out_types})"
+    head = f'{indent}{lhs}"{op.name}"({operands}){props}'
+    if not op.regions:
+        lines.append(f"{head}{' ' + disc if disc else ''} : ({in_types}) -> {out_types}")
+        return
+    lines.append(head + " ({")
+    for ri, region in enumerate(op.regions):
+        for block in region.blocks:
+            _print_block(block, names, indent + "    ", lines, header=True)
+        if ri + 1 < len(op.regions):
+            lines.append(f"{indent}}}, {{")
+    lines.append(f"{indent}}}){' ' + disc if disc else ''} : ({in_types}) -> {out_types}")
+
+
+def print_func(func: Func, name: str = "main", module_attrs: str = "") -> str:
+    """Print `func` as a module with one public function named `name`."""
+    names = _Names()
+    args = ", ".join(f"{names(a)}: {a.type}" for a in func.args)
+    rets = ", ".join(str(v.type) for v in func.returns)
+    lines = [f"module @partir{(' attributes {' + module_attrs + '}') if module_attrs else ''} {{",
+             f"  func.func public @{name}({args}) -> ({rets}) {{"]
+    for op in func.ops:
+        _print_op(op, names, "    ", lines)
+    ret_vals = ", ".join(names(v) for v in func.returns)
+    ret_types = ", ".join(str(v.type) for v in func.returns)
+    lines.append(f'    "func.return"({ret_vals}) : ({ret_types}) -> ()')
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+print_module = print_func
