@@ -1,0 +1,80 @@
+"""The logical device mesh: ordered named axes with sizes (paper 1 §2.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..errors import PartitionError
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Named axes, major to minor. Device `r` (replica id) has coordinates `coords(r)`,
+    row-major over the axes, as `jax.sharding.Mesh.devices.flat` orders devices."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, mesh) -> Mesh:
+        """Build from a `jax.sharding.Mesh`, a dict `{"batch": 4, "model": 2}` or a Mesh."""
+        if isinstance(mesh, Mesh):
+            return mesh
+        if isinstance(mesh, Mapping):
+            return cls(tuple((str(k), int(v)) for k, v in mesh.items()))
+        if hasattr(mesh, "shape") and hasattr(mesh, "axis_names"):
+            return cls(tuple((str(n), int(mesh.shape[n])) for n in mesh.axis_names))
+        raise TypeError(f"cannot make a mesh from {type(mesh).__name__}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(self.axes)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for _, s in self.axes:
+            n *= s
+        return n
+
+    def axis_size(self, axis: str) -> int:
+        for n, s in self.axes:
+            if n == axis:
+                return s
+        raise PartitionError(f"axis {axis!r} is not in the mesh (axes: {self.shape})")
+
+    def check_axis(self, axis: str) -> None:
+        self.axis_size(axis)
+
+    def stride(self, axis: str) -> int:
+        """Replica-id stride of `axis` (product of the sizes of the more minor axes)."""
+        stride = 1
+        for n, s in reversed(self.axes):
+            if n == axis:
+                return stride
+            stride *= s
+        raise PartitionError(f"axis {axis!r} is not in the mesh (axes: {self.shape})")
+
+    def coords(self, replica: int) -> dict[str, int]:
+        return {n: (replica // self.stride(n)) % s for n, s in self.axes}
+
+    def groups(self, axes: tuple[str, ...]) -> list[list[int]]:
+        """Replica groups for a collective over `axes`: devices that differ only in those
+        axes, ordered within a group by their coordinates along `axes` (first = major)."""
+        others = [n for n in self.names if n not in axes]
+        groups: dict[tuple, list[tuple[tuple, int]]] = {}
+        for r in range(self.size):
+            c = self.coords(r)
+            key = tuple(c[n] for n in others)
+            groups.setdefault(key, []).append((tuple(c[a] for a in axes), r))
+        return [[r for _, r in sorted(members)] for _, members in sorted(groups.items())]
+
+    def product(self, axes) -> int:
+        n = 1
+        for a in axes:
+            n *= self.axis_size(a)
+        return n
