@@ -82,6 +82,7 @@ class Func:
     body: Block
     returns: list[Value]
     arg_names: list[str] = field(default_factory=list)
+    arg_attrs: dict[int, str] = field(default_factory=dict)  # arg index -> "name = value, ..."
 
     @property
     def args(self) -> list[Value]:

@@ -64,7 +64,9 @@ def _print_op(op: Op, names: _Names, indent: str, lines: list[str]):
 def print_func(func: Func, name: str = "main", module_attrs: str = "") -> str:
     """Print `func` as a module with one public function named `name`."""
     names = _Names()
-    args = ", ".join(f"{names(a)}: {a.type}" for a in func.args)
+    args = ", ".join(f"{names(a)}: {a.type}" + (
+        f" {{{func.arg_attrs[i]}}}" if i in func.arg_attrs else "")
+        for i, a in enumerate(func.args))
     rets = ", ".join(str(v.type) for v in func.returns)
     lines = [f"module @partir{(' attributes {' + module_attrs + '}') if module_attrs else ''} {{",
              f"  func.func public @{name}({args}) -> ({rets}) {{"]

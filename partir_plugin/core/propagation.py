@@ -1,0 +1,147 @@
+"""Propagation (paper 1 §5.2.2): forward, backward and inference through the TMR, to a fixed
+point, without cost heuristics. Where several entries fit, or none fits all constraints while
+some fit part of them, propagation stops at that op and records a conflict."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..ir.graph import Op, Value
+from .state import PartitionState
+from .tmr import Sum, TMREntry
+
+
+def _constraints(state: PartitionState, op: Op, axis: str):
+    """What the neighbours of `op` say about `axis`: input dims tiled on it (forward), result
+    dims tiled on it (backward), and result dims consumers slice on it (backward, soft)."""
+    ins = tuple(state.dim_of(v, axis) for v in op.inputs)
+    outs = tuple(state.dim_of(r, axis) for r in op.results)
+    sliced: list[set[int]] = []
+    for r in op.results:
+        dims = set()
+        if state.dim_of(r, axis) is None:
+            for user, i in state.users.get(r, []):
+                if user is None:
+                    continue
+                for a, e in state.nest_of(user):
+                    if a == axis and e.operands[i] is not None:
+                        dims.add(e.operands[i])
+        sliced.append(dims)
+    return ins, outs, sliced
+
+
+def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
+    """Can `op` be wrapped in a loop over `axis` with entry `e` (divisibility, atomics)?"""
+    size = state.mesh.axis_size(axis)
+    for v, d in zip(op.inputs, e.operands):
+        if d is None:
+            continue
+        if state.dim_of(v, axis) == d:
+            continue
+        if state.can_tile(v, d, axis) is not None:
+            return False
+        if e.factor_size % (state.tiled_product(v, d) * size):
+            return False
+    for r, action in zip(op.results, e.results):
+        if isinstance(action, Sum):
+            continue
+        done = 1
+        for a, entry in state.nest_of(op):
+            if entry.results[r.index] == action:
+                done *= state.mesh.axis_size(a)
+        if (r, axis) in state.atomic or e.factor_size % (done * size):
+            return False
+        if r.type.shape[action] % (done * size):
+            return False
+        existing = state.dim_of(r, axis)
+        if existing is not None and existing != action:
+            return False
+    return True
+
+
+def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
+    """Try to loop `op` over `axis`; return the values whose tiling changed."""
+    if axis in state.op_axes(op):
+        return []
+    ins, outs, sliced = _constraints(state, op, axis)
+    hard = any(d is not None for d in ins) or any(d is not None for d in outs)
+    soft = any(sliced)
+    if not hard and not soft:
+        return []
+    entries = state.registry.entries(op)
+    if not entries:
+        if hard:
+            state.record_unsupported(op, axis)
+        return []
+
+    def matches(e: TMREntry) -> tuple[bool, bool]:
+        ok_all, ok_any = True, False
+        for want, got in zip(e.operands, ins):
+            if got is not None:
+                ok_all &= want == got
+                ok_any |= want == got
+        for want, got in zip(e.results, outs):
+            if got is not None:
+                ok_all &= want == got
+                ok_any |= want == got
+        return ok_all, ok_any
+
+    if hard:
+        scored = [(e, *matches(e)) for e in entries]
+        candidates = [e for e, ok_all, _ in scored if ok_all and _fits(state, op, axis, e)]
+        partial = [e for e, ok_all, ok_any in scored if ok_any and not ok_all]
+        if not candidates:
+            if len(partial) > 1:
+                state.record_conflict(op, axis, "entries " + " and ".join(
+                    str(e) for e in partial[:3]) + " each match part of the operand tilings")
+            return []
+    else:
+        candidates = [e for e in entries
+                      if any(not isinstance(a, Sum) and a in s for a, s in zip(e.results, sliced))
+                      and _fits(state, op, axis, e)]
+        if not candidates:
+            return []
+    if len(candidates) > 1:
+        state.record_conflict(op, axis, "several entries match: "
+                              + ", ".join(str(e) for e in candidates[:4]))
+        return []
+    entry = candidates[0]
+    changed: list[Value] = []
+    for v, d in zip(op.inputs, entry.operands):
+        if d is not None and state.dim_of(v, axis) is None:
+            state.tile_value(v, d, axis)  # inference: slice the missing operand
+            changed.append(v)
+    before = [state.dim_of(r, axis) for r in op.results]
+    state.add_loop(op, axis, entry)
+    changed += [r for r, b in zip(op.results, before) if b is None and state.dim_of(r, axis)
+                is not None]
+    changed.extend(v for v in op.inputs if v not in changed)  # their producers now see slicing
+    return changed
+
+
+def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
+    """Run propagation to a fixed point over every mesh axis."""
+    if seeds is None:
+        queue = deque(state.func.ops)
+    else:
+        queue = deque()
+        for v in seeds:
+            queue.extend(_neighbours(state, v))
+    queued = set(queue)
+    axes = state.mesh.names
+    while queue:
+        op = queue.popleft()
+        queued.discard(op)
+        for axis in axes:
+            for v in _step(state, op, axis):
+                for n in _neighbours(state, v):
+                    if n not in queued:
+                        queued.add(n)
+                        queue.append(n)
+
+
+def _neighbours(state: PartitionState, v: Value) -> list[Op]:
+    ops = [u for u, _ in state.users.get(v, []) if u is not None]
+    if v.producer is not None:
+        ops.append(v.producer)
+    return ops

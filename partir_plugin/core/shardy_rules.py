@@ -1,0 +1,164 @@
+"""TMR entries derived from OpenXLA Shardy's op sharding rules (DESIGN.md §2.2).
+
+The importer runs `sdy-populate-op-sharding-rules`, which attaches to each op a factor-based
+rule such as `#sdy.op_sharding_rule<([i, k], [k, j])->([i, j]) {i=32, j=16, k=8}
+reduction={k}>`. Each pass-through factor gives an entry tiling that factor's dimension in every
+tensor that has it; each reduction factor gives an entry with `Sum` results, when we know the
+reduction; need-replication, permutation and blocked factors give none. A factor that is the
+minor part of a compound dimension (`[ij]`: j) gives none either: tiling the dimension splits
+its major factor.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..ir.graph import Op
+from .tmr import Sum, TMREntry
+
+_FACTOR = re.compile(r"[a-z](?:_\d+)?")
+_RULE = re.compile(r"#sdy\.op_sharding_rule<\((?P<ins>.*?)\)->\((?P<outs>.*?)\)(?P<rest>.*)>$")
+
+# Ops whose Shardy rule we do not use: their partitioned form needs more than tiling (regions
+# with loop-carried state, side effects, calls we cannot see into) or a lowering we lack.
+DENIED = frozenset({
+    "stablehlo.while", "stablehlo.case", "stablehlo.if", "stablehlo.custom_call",
+    "stablehlo.rng_bit_generator", "stablehlo.rng", "stablehlo.optimization_barrier",
+    "stablehlo.select_and_scatter", "stablehlo.reduce_window", "stablehlo.all_reduce",
+    "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
+    "stablehlo.collective_permute", "stablehlo.composite", "stablehlo.fft",
+    "stablehlo.triangular_solve", "stablehlo.cholesky", "stablehlo.scatter",
+    "stablehlo.dynamic_update_slice", "stablehlo.batch_norm_training",
+    "stablehlo.batch_norm_inference", "stablehlo.batch_norm_grad", "stablehlo.infeed",
+    "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv", "stablehlo.after_all",
+    "stablehlo.get_tuple_element", "stablehlo.tuple", "stablehlo.convolution",
+})
+
+# The reduction a Sum entry performs, for ops whose reduction factors are plain sums.
+_SUM_OPS = {"stablehlo.dot_general": "add", "stablehlo.dot": "add"}
+_REDUCER = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
+            "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
+# Reductions where an init value that is not the identity would be counted once per tile.
+_NEEDS_IDENTITY_INIT = {"add": 0.0, "mul": 1.0}
+
+
+@dataclass(frozen=True)
+class ShardyRule:
+    operands: tuple[tuple[tuple[str, ...], ...], ...]  # per tensor, per dim, factors major->minor
+    results: tuple[tuple[tuple[str, ...], ...], ...]
+    sizes: dict[str, int]
+    reduction: frozenset[str]
+    blocked: frozenset[str]  # need_replication, permutation and blocked_propagation factors
+
+
+def _tensors(text: str) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    tensors = []
+    for t in re.findall(r"\[([^\]]*)\]", text):
+        dims = [] if not t.strip() else [tuple(_FACTOR.findall(d)) for d in t.split(",")]
+        tensors.append(tuple(dims))
+    return tuple(tensors)
+
+
+def _factor_set(rest: str, key: str) -> frozenset[str]:
+    m = re.search(key + r"=\{([^}]*)\}", rest)
+    return frozenset(_FACTOR.findall(m.group(1))) if m else frozenset()
+
+
+def parse_rule(text: str) -> ShardyRule | None:
+    m = _RULE.match(text.strip())
+    if not m:
+        return None
+    rest = m.group("rest")
+    sizes_m = re.search(r"\{([a-z_0-9=, ]*)\}", rest)
+    sizes = {}
+    if sizes_m and "=" in sizes_m.group(1):
+        for item in sizes_m.group(1).split(","):
+            k, v = item.split("=")
+            sizes[k.strip()] = int(v)
+    blocked = (_factor_set(rest, "need_replication") | _factor_set(rest, "permutation")
+               | _factor_set(rest, "blocked_propagation"))
+    return ShardyRule(_tensors(m.group("ins")), _tensors(m.group("outs")), sizes,
+                      _factor_set(rest, "reduction"), blocked)
+
+
+def splat_value(op: Op | None):
+    """The scalar of a splat `stablehlo.constant`, or None."""
+    if op is None or op.name != "stablehlo.constant":
+        return None
+    m = re.match(r"dense<([^>\[\]]*)>", op.attributes.get("value", ""))
+    if not m:
+        return None
+    text = m.group(1).strip()
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        if text.startswith("0x"):
+            import numpy as np
+
+            bits = int(text, 16)
+            width = {4: np.uint16, 8: np.uint32, 16: np.uint64}.get(len(text) - 2)
+            float_t = {4: np.float16, 8: np.float32, 16: np.float64}.get(len(text) - 2)
+            if width is None:
+                return None
+            return float(np.array(bits, dtype=width).view(float_t))
+        return float(text)
+    except ValueError:
+        return None
+
+
+def reduce_kind(op: Op) -> str | None:
+    """The reduction a single-result `stablehlo.reduce` applies, if it is a plain one whose
+    partial results may be combined across tiles."""
+    if len(op.results) != 1 or not op.regions:
+        return None
+    body = op.regions[0].blocks[0].ops
+    if len(body) != 2:
+        return None
+    kind = _REDUCER.get(body[0].name)
+    if kind is None:
+        return None
+    if kind in _NEEDS_IDENTITY_INIT:
+        init = splat_value(op.operands[1].producer)
+        if init is None or init != _NEEDS_IDENTITY_INIT[kind]:
+            return None
+    return kind
+
+
+def entries_from_shardy(op: Op) -> list[TMREntry] | None:
+    if op.name in DENIED or op.rule is None or op.captures:
+        return None
+    rule = parse_rule(op.rule)
+    if rule is None:
+        return None
+    if op.name == "stablehlo.reduce":
+        reduction = reduce_kind(op)
+    else:
+        reduction = _SUM_OPS.get(op.name)
+    entries = []
+    for factor, size in rule.sizes.items():
+        if factor in rule.blocked or size <= 1:
+            continue
+
+        def position(tensor):
+            for d, factors in enumerate(tensor):
+                if factor in factors:
+                    return d if factors[0] == factor else -1  # -1: a minor part
+            return None
+
+        ins = tuple(position(t) for t in rule.operands)
+        outs = tuple(position(t) for t in rule.results)
+        if -1 in ins or -1 in outs:
+            continue
+        if factor in rule.reduction:
+            if reduction is None or any(o is not None for o in outs):
+                continue
+            results = tuple(Sum(reduction) for _ in outs)
+        else:
+            if any(o is None for o in outs):
+                continue
+            results = outs
+        if all(d is None for d in ins) and not results:
+            continue
+        entries.append(TMREntry(ins, results, size))
+    return entries

@@ -1,0 +1,126 @@
+"""PartIR:Core state: loop nests per op and distributed types per value (paper 1 §5, app. B).
+
+Loops are not literal IR ops here. Each op records its loop nest, an ordered list of
+`(axis, TMR entry)` (outer loop first); each value records its tiling, an ordered list of
+`(axis, dim)` (the value-tiling loops around it, outer first, so within a dimension the
+earlier axis is the major one). Actions only ever append: nothing undoes an earlier tactic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import PartitionError
+from ..ir.graph import Func, Op, Value, users_of
+from .mesh import Mesh
+from .tmr import Sum, TileMappingRegistry, TMREntry
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Propagation stopped at `op` on `axis`: several TMR entries (or none) fit what its
+    neighbours ask for. Nothing was decided there; a later tactic may decide."""
+
+    op_name: str
+    axis: str
+    reason: str
+    location: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.op_name} on axis {self.axis!r}: {self.reason}"
+
+
+@dataclass
+class PartitionState:
+    func: Func
+    mesh: Mesh
+    registry: TileMappingRegistry
+    tiling: dict[Value, list[tuple[str, int]]] = field(default_factory=dict)
+    nests: dict[Op, list[tuple[str, TMREntry]]] = field(default_factory=dict)
+    atomic: set[tuple[Value, str]] = field(default_factory=set)
+    conflicts: list[Conflict] = field(default_factory=list)
+    unsupported: dict[str, int] = field(default_factory=dict)
+    tags: dict[str, Value] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.users = users_of(self.func)
+        self._reported: set[tuple[Op, str]] = set()
+
+    # -- queries ------------------------------------------------------------------------
+    def tiles_of(self, v: Value) -> list[tuple[str, int]]:
+        return self.tiling.get(v, [])
+
+    def dim_of(self, v: Value, axis: str) -> int | None:
+        for a, d in self.tiles_of(v):
+            if a == axis:
+                return d
+        return None
+
+    def nest_of(self, op: Op) -> list[tuple[str, TMREntry]]:
+        return self.nests.get(op, [])
+
+    def op_axes(self, op: Op) -> set[str]:
+        return {a for a, _ in self.nest_of(op)}
+
+    def local_extent(self, v: Value, dim: int) -> int:
+        """Size of `dim` of `v` after its current tiling."""
+        size = v.type.shape[dim]
+        for a, d in self.tiles_of(v):
+            if d == dim:
+                size //= self.mesh.axis_size(a)
+        return size
+
+    def tiled_product(self, v: Value, dim: int) -> int:
+        return v.type.shape[dim] // self.local_extent(v, dim)
+
+    def tags_value(self, name: str) -> Value:
+        if name not in self.tags:
+            raise PartitionError(f"no tagged value named {name!r} (tags: {sorted(self.tags)})")
+        return self.tags[name]
+
+    # -- actions ------------------------------------------------------------------------
+    def can_tile(self, v: Value, dim: int, axis: str) -> str | None:
+        """Why `v` cannot be tiled on (dim, axis), or None if it can."""
+        if (v, axis) in self.atomic:
+            return f"it is atomic (kept replicated) on axis {axis!r}"
+        if not v.type.is_tensor or dim >= v.type.rank or dim < 0:
+            return f"it has no dimension {dim} (type {v.type})"
+        current = self.dim_of(v, axis)
+        if current is not None:
+            return f"it is already tiled on axis {axis!r} (dimension {current})"
+        extent = self.local_extent(v, dim)
+        size = self.mesh.axis_size(axis)
+        if extent % size:
+            return (f"dimension {dim} has local size {extent} (global {v.type.shape[dim]}), "
+                    f"not divisible by axis {axis!r} of size {size}")
+        return None
+
+    def tile_value(self, v: Value, dim: int, axis: str) -> None:
+        self.tiling.setdefault(v, []).append((axis, dim))
+
+    def add_loop(self, op: Op, axis: str, entry: TMREntry) -> None:
+        self.nests.setdefault(op, []).append((axis, entry))
+        for r, action in zip(op.results, entry.results):
+            if not isinstance(action, Sum) and self.dim_of(r, axis) is None:
+                self.tile_value(r, action, axis)
+
+    def record_conflict(self, op: Op, axis: str, reason: str) -> None:
+        if (op, axis) in self._reported:
+            return
+        self._reported.add((op, axis))
+        self.conflicts.append(Conflict(op.name, axis, reason, op.location))
+
+    def record_unsupported(self, op: Op, axis: str) -> None:
+        if (op, "__unsupported__") in self._reported:
+            return
+        self._reported.add((op, "__unsupported__"))
+        key = op.name
+        if op.name == "stablehlo.custom_call":
+            key += f"[{op.attributes.get('call_target_name', '?')}]"
+        self.unsupported[key] = self.unsupported.get(key, 0) + 1
+
+    def check_divisible(self, v: Value, dim: int, axis: str, what: str) -> None:
+        reason = self.can_tile(v, dim, axis)
+        if reason is not None:
+            raise PartitionError(f"cannot tile {what} on dimension {dim} along axis {axis!r}: "
+                                 f"{reason}")

@@ -1,0 +1,87 @@
+"""The tile-mapping registry (TMR, paper 1 §5.2.1).
+
+For every op, a set of entries `(t1⊥, …, tn⊥) -> (σ1, …, σk)`: slicing input i on dimension
+`operands[i]` (None: not sliced) lets the op run per tile, producing result j tiled on dimension
+`results[j]` or as a partial `Sum` to be reduced. Entries come from OpenXLA Shardy's op sharding
+rules (`shardy_rules.py`) unless a rule registered by a plugin says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..ir.graph import Op
+
+
+@dataclass(frozen=True)
+class Sum:
+    """A result that each tile computes partially; `reduction` combines the partials."""
+
+    reduction: str  # "add", "max", "min", "mul", "and", "or"
+
+    def __str__(self) -> str:
+        return f"sum<{self.reduction}>"
+
+
+@dataclass(frozen=True)
+class TMREntry:
+    """One linear-algebra homomorphism of an op.
+
+    `operands` has one item per op input (explicit operands, then implicitly captured values);
+    `factor_size` bounds how finely the tiled dimensions may be split (the size of the Shardy
+    factor, which is smaller than the dimension for the major part of a reshaped dimension).
+    """
+
+    operands: tuple[int | None, ...]
+    results: tuple[int | Sum, ...]
+    factor_size: int
+
+    def __str__(self) -> str:
+        ins = ", ".join("⊥" if d is None else f"tile<{d}>" for d in self.operands)
+        outs = ", ".join(str(r) if isinstance(r, Sum) else f"tile<{r}>" for r in self.results)
+        return f"({ins}) -> ({outs})"
+
+
+Rule = Callable[[Op], "list[TMREntry] | None"]
+
+
+class TileMappingRegistry:
+    """Rules by op name, queried by generic propagation. Later registrations win; a rule that
+    returns None defers to earlier ones and finally to `fallback` (Shardy-derived)."""
+
+    def __init__(self, fallback: Rule | None = None):
+        self._rules: dict[str, list[Rule]] = {}
+        self._fallback = fallback
+        self._cache: dict[Op, list[TMREntry] | None] = {}
+
+    def register(self, op_name: str, rule: Rule) -> None:
+        self._rules.setdefault(op_name, []).append(rule)
+        self._cache.clear()
+
+    def has_rule(self, op_name: str) -> bool:
+        return op_name in self._rules
+
+    def entries(self, op: Op) -> list[TMREntry] | None:
+        """The op's entries; None when no rule knows the op (it stays replicated)."""
+        if op in self._cache:
+            return self._cache[op]
+        result = None
+        for rule in reversed(self._rules.get(op.name, [])):
+            result = rule(op)
+            if result is not None:
+                break
+        if result is None and self._fallback is not None:
+            result = self._fallback(op)
+        self._cache[op] = result
+        return result
+
+
+def default_registry() -> TileMappingRegistry:
+    """A registry with the Shardy-derived fallback and every plugin's rules."""
+    from ..kernel import plugin_manager
+    from .shardy_rules import entries_from_shardy
+
+    registry = TileMappingRegistry(fallback=entries_from_shardy)
+    plugin_manager().hook.partir_add_tmr_rules(registry=registry)
+    return registry

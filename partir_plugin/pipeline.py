@@ -1,0 +1,128 @@
+"""The partitioning pipeline: trace -> import -> tactics + propagate -> lower -> report.
+
+Kept apart from `api.py` so the steps can be run and inspected one by one (tests, the CLI,
+searchers that need to try a schedule without compiling it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from .core.actions import Leaf, TacticContext
+from .core.mesh import Mesh
+from .core.propagation import propagate
+from .core.state import PartitionState
+from .core.tmr import TileMappingRegistry, default_registry
+from .errors import PartitionError
+from .ir.graph import Func
+from .ir.importer import import_lowered
+from .metadata import TacticReport
+from .spmd.lowering import SpmdProgram, lower_to_spmd
+
+
+def key_path_str(path) -> str:
+    """A jax key path as "a/b/0" (DESIGN.md §3)."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def argument_names(fn, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
+                                                   params[i].POSITIONAL_OR_KEYWORD):
+            names.append(params[i].name)
+        else:
+            names.append(f"arg{i}")
+    return names
+
+
+@dataclass
+class Traced:
+    func: Func
+    leaves: list[Leaf]
+    in_tree: Any
+    out_tree: Any
+    out_avals: list
+
+
+def trace(fn, args: tuple) -> Traced:
+    """Lower `fn` with jax (no sharding) and import it; name every argument leaf."""
+    import jax
+
+    names = argument_names(fn, len(args))
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    lowered = jax.jit(fn, keep_unused=True).lower(*abstract)
+    func = import_lowered(lowered)
+    leaves: list[Leaf] = []
+    flat_in = []
+    for name, arg in zip(names, abstract):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            flat_in.append((name, key_path_str(path), leaf))
+    if len(flat_in) != len(func.args):
+        raise PartitionError(f"traced function has {len(func.args)} array arguments but the "
+                             f"arguments have {len(flat_in)} leaves")
+    for (name, path, _), v in zip(flat_in, func.args):
+        leaves.append(Leaf(name, path, v))
+    func.arg_names = [lf.qualified for lf in leaves]
+    out_avals = jax.tree_util.tree_leaves(lowered.out_info)
+    return Traced(func, leaves, lowered.in_tree, lowered.out_tree, out_avals)
+
+
+@dataclass
+class Partitioned:
+    state: PartitionState
+    program: SpmdProgram
+    reports: list[TacticReport]
+
+
+def estimate(program: SpmdProgram, hardware) -> tuple[float | None, int | None, float | None]:
+    """(runtime s, peak bytes, flops) from the simulator plugin, or Nones if none is installed."""
+    from .kernel import simulators
+
+    sims = simulators()
+    if "analytical" not in sims or hardware is None:
+        return None, None, None
+    from .simulation import simulate
+
+    result = simulate(program.func, program.mesh, hardware)
+    return result.runtime_s, result.peak_memory_bytes, result.flops
+
+
+def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
+                   registry: TileMappingRegistry | None = None) -> Partitioned:
+    """Apply each tactic then `propagate`; after each, lower and record a TacticReport."""
+    state = PartitionState(func, mesh, registry or default_registry())
+    reports = []
+    program = None
+    for tactic in schedule:
+        ctx = TacticContext(state, leaves)
+        if callable(tactic) and not hasattr(tactic, "apply"):
+            tactic(ctx)
+            name = getattr(tactic, "__name__", "tactic")
+        else:
+            tactic.apply(ctx)
+            name = tactic.name
+        ctx.propagate()
+        program = lower_to_spmd(state)
+        runtime, peak, flops = estimate(program, hardware)
+        reports.append(TacticReport(name, dict(program.counts), runtime, peak, flops,
+                                    [str(c) for c in state.conflicts],
+                                    dict(state.unsupported), ctx.actions))
+    if program is None:  # an empty schedule: the replicated program
+        propagate(state)
+        program = lower_to_spmd(state)
+    return Partitioned(state, program, reports)

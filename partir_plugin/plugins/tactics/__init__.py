@@ -1,0 +1,48 @@
+"""Tactic presets of paper 1 appendix A.6, as factories over argument names and param paths.
+
+    BP = batch_parallel(axis="batch", inputs=("batch",))
+    MP = megatron(rule, axis="model")            # rule: (path, shape) -> dim | None
+    Z3 = zero3(axis="batch")
+
+Each returns a `ManualPartition`; compose them in a schedule list.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ...hookspecs import hookimpl
+from ...tactics import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition
+
+
+def batch_parallel(axis: str = "batch", inputs: Sequence[str] = ("batch",), dim: int = 0,
+                   name: str = "BP") -> ManualPartition:
+    """BP: tile dimension `dim` (the batch) of every leaf of the `inputs` arguments."""
+    return ManualPartition({arg: dim for arg in inputs}, axis=axis, name=name)
+
+
+def model_parallel(rule: Callable[[str, tuple], int | None], axis: str = "model",
+                   params: str = "params", name: str = "MP") -> ManualPartition:
+    """MP: tile each parameter on the dimension `rule(path, shape)` returns (None: let
+    propagation decide). With a Megatron rule, 2 all_reduces per layer forward, 2 backward."""
+    return ManualPartition({params: rule}, axis=axis, name=name)
+
+
+def zero2(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
+          name: str = "Z2") -> ManualPartition:
+    """Z2: shard optimizer state (and so gradients) on `axis`; keep parameters replicated."""
+    return ManualPartition({params: REPLICATED, opt_state: FIRST_DIVISIBLE_DIM}, axis=axis,
+                           name=name)
+
+
+def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
+          name: str = "Z3") -> ManualPartition:
+    """Z3 (FSDP): shard parameters and optimizer state on `axis`; parameters are gathered
+    before use and their gradients reduce-scattered."""
+    return ManualPartition({params: FIRST_DIVISIBLE_DIM, opt_state: FIRST_DIVISIBLE_DIM},
+                           axis=axis, name=name)
+
+
+@hookimpl
+def partir_add_tactics():
+    return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3}

@@ -1,0 +1,41 @@
+"""Built-in hand-written TMR rules, for ops Shardy leaves without a rule or where the
+partitioned op needs a lowering that Shardy's rule does not describe (DESIGN.md §2.2)."""
+
+from __future__ import annotations
+
+from ..core.shardy_rules import splat_value
+from ..core.tmr import TileMappingRegistry, TMREntry
+from ..hookspecs import hookimpl
+from ..ir.graph import Op
+
+
+def _result_tiles(op: Op) -> list[TMREntry]:
+    """Every result dimension may be tiled: each tile is computed locally from nothing."""
+    shape = op.results[0].type.shape
+    return [TMREntry((), (d,), size) for d, size in enumerate(shape) if size > 1]
+
+
+def constant_rule(op: Op) -> list[TMREntry]:
+    # A splat constant is the same in every tile; a dense one stays replicated and its
+    # consumers slice it locally (no communication).
+    return _result_tiles(op) if splat_value(op) is not None else []
+
+
+def iota_rule(op: Op) -> list[TMREntry]:
+    # The lowering offsets a tiled iota dimension by the device's tile start.
+    return _result_tiles(op)
+
+
+def dynamic_update_slice_rule(op: Op) -> list[TMREntry]:
+    # Only dimensions the update covers entirely: the start index is then clamped to 0.
+    operand, update = op.operands[0].type.shape, op.operands[1].type.shape
+    n_idx = len(op.operands) - 2
+    return [TMREntry((d, d) + (None,) * n_idx, (d,), size)
+            for d, size in enumerate(operand) if size > 1 and update[d] == size]
+
+
+@hookimpl
+def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
+    registry.register("stablehlo.constant", constant_rule)
+    registry.register("stablehlo.iota", iota_rule)
+    registry.register("stablehlo.dynamic_update_slice", dynamic_update_slice_rule)

@@ -1,0 +1,49 @@
+"""Device-local layouts: per dimension the mesh axes tiling it (major to minor), plus pending
+partial sums. This is a value's distributed type at the PartIR:HLO level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.mesh import Mesh
+from ..ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class Layout:
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[tuple[str, str], ...] = ()  # (axis, reduction), outer loop first
+
+    @classmethod
+    def replicated(cls, rank: int) -> Layout:
+        return cls(((),) * rank)
+
+    @classmethod
+    def from_tiles(cls, rank: int, tiles, partial=()) -> Layout:
+        dims: list[tuple[str, ...]] = [() for _ in range(rank)]
+        for axis, dim in tiles:
+            dims[dim] = dims[dim] + (axis,)
+        return cls(tuple(dims), tuple(partial))
+
+    def axes(self) -> set[str]:
+        return {a for d in self.dims for a in d}
+
+    def local_type(self, global_type: TensorType, mesh: Mesh) -> TensorType:
+        if not global_type.is_tensor:
+            return global_type
+        return global_type.with_shape(tuple(s // mesh.product(d)
+                                            for s, d in zip(global_type.shape, self.dims)))
+
+    def spec(self):
+        """The equivalent `jax.sharding.PartitionSpec`."""
+        from jax.sharding import PartitionSpec
+
+        entries = [None if not d else (d[0] if len(d) == 1 else d) for d in self.dims]
+        while entries and entries[-1] is None:
+            entries.pop()
+        return PartitionSpec(*entries)
+
+    def __str__(self) -> str:
+        dims = ", ".join("{" + ",".join(d) + "}" for d in self.dims)
+        part = (" sum" + str([a for a, _ in self.partial])) if self.partial else ""
+        return f"[{dims}]{part}"

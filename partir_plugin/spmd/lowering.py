@@ -1,0 +1,339 @@
+"""Lowering PartIR:Core to PartIR:HLO (paper 1 §6.1): device-local ops plus collectives.
+
+Every op gets local shapes from its loop nest. At each edge where the producer's layout
+differs from what the consumer's nest slices, `convert` inserts collectives over mesh axes:
+sum→full all_reduce, sum→tile reduce_scatter, tile→full all_gather, tile d→tile d' all_to_all,
+full→tile all_slice (a local dynamic_slice at the device's block). Because each conversion goes
+straight from the produced layout to the consumed one, `all_slice(all_gather)` and
+`all_slice(all_reduce)` never materialise: they are fused as the paper says.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..core.mesh import Mesh
+from ..core.state import PartitionState
+from ..core.tmr import Sum
+from ..ir.graph import Block, Func, Op, Region, Value
+from ..ir.printer import print_func
+from ..ir.types import TensorType
+from .collectives import count_collectives, mark
+from .layout import Layout
+
+_REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
+                "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
+_I32 = TensorType((), "i32")
+
+
+@dataclass
+class SpmdProgram:
+    """A device-local program: what runs on every device of the mesh."""
+
+    func: Func
+    mesh: Mesh
+    in_layouts: list[Layout]
+    out_layouts: list[Layout]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def text(self) -> str:
+        n = self.mesh.size
+        return print_func(self.func, module_attrs=f"mhlo.num_partitions = 1 : i32, "
+                                                  f"mhlo.num_replicas = {n} : i32")
+
+
+def _groups_attr(groups: list[list[int]]) -> str:
+    body = ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups)
+    return f"dense<[{body}]> : tensor<{len(groups)}x{len(groups[0])}xi64>"
+
+
+def _i64_array(values) -> str:
+    return "array<i64" + (": " + ", ".join(map(str, values)) if values else "") + ">"
+
+
+def _parse_i64_array(text: str) -> list[int]:
+    m = re.match(r"array<i64(?::\s*(.*))?>", text)
+    return [int(x) for x in m.group(1).split(",")] if m and m.group(1) else []
+
+
+class _Emitter:
+    """Appends device-local ops to a block; knows how to emit each collective."""
+
+    def __init__(self, mesh: Mesh, block: Block):
+        self.mesh = mesh
+        self.block = block
+        self._replica: Value | None = None
+
+    def emit(self, name, operands, result_types, attrs=None, regions=None) -> Op:
+        op = Op(name, operands, result_types, attrs, regions)
+        self.block.ops.append(op)
+        return op
+
+    def constant_i32(self, values: list[int]) -> Value:
+        body = ", ".join(map(str, values))
+        t = TensorType((len(values),), "i32")
+        return self.emit("stablehlo.constant", [], [t],
+                         {"value": f"dense<[{body}]> : {t}"}).results[0]
+
+    def replica(self) -> Value:
+        if self._replica is None:
+            rid = self.emit("stablehlo.replica_id", [], [TensorType((), "ui32")]).results[0]
+            self._replica = self.emit("stablehlo.convert", [rid], [_I32]).results[0]
+        return self._replica
+
+    def per_device(self, values: list[int]) -> Value:
+        """A scalar i32 holding `values[replica_id]` on each device."""
+        table = self.constant_i32(values)
+        one = self.emit("stablehlo.dynamic_slice", [table, self.replica()],
+                        [TensorType((1,), "i32")], {"slice_sizes": _i64_array([1])}).results[0]
+        return self.emit("stablehlo.reshape", [one], [_I32]).results[0]
+
+    def block_index(self, axes: tuple[str, ...]) -> list[int]:
+        """Per replica, its block index along `axes` (first axis major)."""
+        out = []
+        for r in range(self.mesh.size):
+            c = self.mesh.coords(r)
+            i = 0
+            for a in axes:
+                i = i * self.mesh.axis_size(a) + c[a]
+            out.append(i)
+        return out
+
+    def _reducer(self, kind: str, element: str) -> Region:
+        scalar = TensorType((), element)
+        b = Block()
+        x, y = b.add_arg(scalar), b.add_arg(scalar)
+        op = Op(_REDUCER_OPS[kind], [x, y], [scalar])
+        b.ops += [op, Op("stablehlo.return", [op.results[0]], [])]
+        return Region([b])
+
+    def all_reduce(self, x: Value, axes, kind: str) -> Value:
+        op = self.emit("stablehlo.all_reduce", [x], [x.type],
+                       {"replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))},
+                       [self._reducer(kind, x.type.element)])
+        return mark(op, "all_reduce", axes).results[0]
+
+    def reduce_scatter(self, x: Value, dim: int, axes, kind: str) -> Value:
+        shape = list(x.type.shape)
+        shape[dim] //= self.mesh.product(axes)
+        op = self.emit("stablehlo.reduce_scatter", [x], [x.type.with_shape(tuple(shape))],
+                       {"scatter_dimension": f"{dim} : i64",
+                        "replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))},
+                       [self._reducer(kind, x.type.element)])
+        return mark(op, "reduce_scatter", axes).results[0]
+
+    def all_gather(self, x: Value, dim: int, axes) -> Value:
+        shape = list(x.type.shape)
+        shape[dim] *= self.mesh.product(axes)
+        op = self.emit("stablehlo.all_gather", [x], [x.type.with_shape(tuple(shape))],
+                       {"all_gather_dim": f"{dim} : i64",
+                        "replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))})
+        return mark(op, "all_gather", axes).results[0]
+
+    def all_to_all(self, x: Value, split_dim: int, concat_dim: int, axes) -> Value:
+        k = self.mesh.product(axes)
+        shape = list(x.type.shape)
+        shape[split_dim] //= k
+        shape[concat_dim] *= k
+        op = self.emit("stablehlo.all_to_all", [x], [x.type.with_shape(tuple(shape))],
+                       {"split_dimension": f"{split_dim} : i64",
+                        "concat_dimension": f"{concat_dim} : i64",
+                        "split_count": f"{k} : i64",
+                        "replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))})
+        return mark(op, "all_to_all", axes).results[0]
+
+    def all_slice(self, x: Value, new_axes: dict[int, tuple[str, ...]]) -> Value:
+        """Keep this device's block: dimension d is split further by `new_axes[d]`."""
+        shape = list(x.type.shape)
+        starts = []
+        for d in range(len(shape)):
+            axes = new_axes.get(d, ())
+            if not axes:
+                starts.append(self.emit("stablehlo.constant", [], [_I32],
+                                        {"value": "dense<0> : tensor<i32>"}).results[0])
+                continue
+            shape[d] //= self.mesh.product(axes)
+            starts.append(self.per_device([i * shape[d] for i in self.block_index(axes)]))
+        op = self.emit("stablehlo.dynamic_slice", [x, *starts], [x.type.with_shape(tuple(shape))],
+                       {"slice_sizes": _i64_array(shape)})
+        return mark(op, "all_slice", [a for d in sorted(new_axes) for a in new_axes[d]]).results[0]
+
+
+def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
+    """Collectives taking local `x` from layout `src` to `dst` (dst has no partial sums)."""
+    if src == dst or not x.type.is_tensor:
+        return x
+    rank = len(src.dims)
+    dims = list(src.dims)
+    # 1. Pending sums: reduce_scatter where the target tiles a dimension further with
+    # some of the summed axes, all_reduce for the rest.
+    kinds: dict[str, list[str]] = {}
+    for axis, kind in src.partial:
+        kinds.setdefault(kind, []).append(axis)
+    for kind, axes in kinds.items():
+        scatter = None
+        for d in range(rank):
+            have, want = dims[d], dst.dims[d]
+            if len(want) > len(have) and want[: len(have)] == have:
+                extra = want[len(have):]
+                if all(a in axes for a in extra):
+                    scatter = (d, extra)
+                    break
+        rest = [a for a in axes if scatter is None or a not in scatter[1]]
+        if rest:
+            x = em.all_reduce(x, rest, kind)
+        if scatter is not None:
+            x = em.reduce_scatter(x, scatter[0], scatter[1], kind)
+            dims[scatter[0]] = dims[scatter[0]] + scatter[1]
+    # 2. An axis leaving the minor end of one dimension for the minor end of another:
+    # all_to_all.
+    moved = True
+    while moved:
+        moved = False
+        for d1 in range(rank):
+            if not dims[d1] or dst.dims[d1][: len(dims[d1])] == dims[d1]:
+                continue
+            axis = dims[d1][-1]
+            for d2 in range(rank):
+                want = dst.dims[d2]
+                if d2 != d1 and want[: len(dims[d2]) + 1] == dims[d2] + (axis,):
+                    x = em.all_to_all(x, split_dim=d2, concat_dim=d1, axes=(axis,))
+                    dims[d1], dims[d2] = dims[d1][:-1], dims[d2] + (axis,)
+                    moved = True
+                    break
+            if moved:
+                break
+    # 3. Gather what the target does not keep, minor axes first.
+    for d in range(rank):
+        keep = 0
+        while (keep < len(dims[d]) and keep < len(dst.dims[d])
+               and dims[d][keep] == dst.dims[d][keep]):
+            keep += 1
+        if keep < len(dims[d]):
+            x = em.all_gather(x, d, dims[d][keep:])
+            dims[d] = dims[d][:keep]
+    # 4. Slice what the target adds.
+    new_axes = {d: dst.dims[d][len(dims[d]):] for d in range(rank)
+                if len(dst.dims[d]) > len(dims[d])}
+    if new_axes:
+        x = em.all_slice(x, new_axes)
+    return x
+
+
+class _Lowering:
+    def __init__(self, state: PartitionState):
+        self.state = state
+        self.mesh = state.mesh
+        self.body = Block()
+        self.em = _Emitter(self.mesh, self.body)
+        self.local: dict[Value, tuple[Value, Layout]] = {}
+        self.converted: dict[tuple[Value, Layout], Value] = {}
+
+    def declared(self, v: Value) -> Layout:
+        return Layout.from_tiles(v.type.rank, self.state.tiles_of(v))
+
+    def use(self, v: Value, want: Layout) -> Value:
+        x, have = self.local[v]
+        key = (v, want)
+        if key not in self.converted:
+            self.converted[key] = convert(self.em, x, have, want)
+        return self.converted[key]
+
+    def run(self) -> SpmdProgram:
+        func = self.state.func
+        in_layouts = []
+        for a in func.args:
+            layout = self.declared(a)
+            in_layouts.append(layout)
+            self.local[a] = (self.body.add_arg(layout.local_type(a.type, self.mesh)), layout)
+        for op in func.ops:
+            self.lower_op(op)
+        out_layouts, returns = [], []
+        for v in func.returns:
+            layout = self.declared(v)
+            out_layouts.append(layout)
+            returns.append(self.use(v, layout))
+        local = Func(func.name, self.body, returns, list(func.arg_names))
+        return SpmdProgram(local, self.mesh, in_layouts, out_layouts,
+                           count_collectives(self.body.ops))
+
+    def lower_op(self, op: Op) -> None:
+        nest = self.state.nest_of(op)
+        inputs = []
+        for i, v in enumerate(op.inputs):
+            tiles = [(a, e.operands[i]) for a, e in nest if e.operands[i] is not None]
+            inputs.append(self.use(v, Layout.from_tiles(v.type.rank, tiles)))
+        produced = []
+        for j, r in enumerate(op.results):
+            tiles = [(a, e.results[j]) for a, e in nest if not isinstance(e.results[j], Sum)]
+            partial = [(a, e.results[j].reduction) for a, e in nest
+                       if isinstance(e.results[j], Sum)]
+            produced.append(Layout.from_tiles(r.type.rank, tiles, partial))
+        operands = inputs[: len(op.operands)]
+        env = dict(zip(op.captures, inputs[len(op.operands):]))
+        result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
+        attrs = dict(op.attributes)
+        _rewrite_attributes(op, attrs, operands, result_types)
+        regions = [_clone_region(r, env) for r in op.regions]
+        new = self.em.emit(op.name, operands, result_types, attrs, regions)
+        results = new.results
+        if op.name == "stablehlo.iota":
+            results = [self._offset_iota(op, new.results[0], produced[0])]
+        for r, x, lay in zip(op.results, results, produced):
+            self.local[r] = (x, lay)
+
+    def _offset_iota(self, op: Op, local: Value, layout: Layout) -> Value:
+        dim = int(op.attributes["iota_dimension"].split(":")[0])
+        axes = layout.dims[dim]
+        if not axes:
+            return local
+        extent = local.type.shape[dim]
+        start = self.em.per_device([i * extent for i in self.em.block_index(axes)])
+        scalar = TensorType((), local.type.element)
+        start = self.em.emit("stablehlo.convert", [start], [scalar]).results[0]
+        start = self.em.emit("stablehlo.broadcast_in_dim", [start], [local.type],
+                             {"broadcast_dimensions": _i64_array([])}).results[0]
+        return self.em.emit("stablehlo.add", [local, start], [local.type]).results[0]
+
+
+def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],
+                        result_types: list[TensorType]) -> None:
+    """Attributes that spell out shapes, rewritten for the local shapes."""
+    if op.name == "stablehlo.constant" and result_types[0] != op.results[0].type:
+        attrs["value"] = re.sub(r":\s*tensor<[^>]*>$", f": {result_types[0]}", attrs["value"])
+    elif op.name == "stablehlo.slice":
+        limits = _parse_i64_array(attrs["limit_indices"])
+        for d, (g, loc) in enumerate(zip(op.operands[0].type.shape, operands[0].type.shape)):
+            if g != loc:  # a tiled dimension is sliced whole
+                limits[d] = loc
+        attrs["limit_indices"] = _i64_array(limits)
+    elif op.name == "stablehlo.dynamic_slice":
+        attrs["slice_sizes"] = _i64_array(result_types[0].shape)
+    elif op.name == "stablehlo.gather":
+        sizes = _parse_i64_array(attrs["slice_sizes"])
+        for d, (g, loc) in enumerate(zip(op.operands[0].type.shape, operands[0].type.shape)):
+            if g != loc:
+                sizes[d] = loc
+        attrs["slice_sizes"] = _i64_array(sizes)
+
+
+def _clone_region(region: Region, env: dict[Value, Value]) -> Region:
+    out = Region()
+    for block in region.blocks:
+        b = Block()
+        for a in block.args:
+            env[a] = b.add_arg(a.type)
+        for op in block.ops:
+            new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
+                     dict(op.attributes), [_clone_region(r, env) for r in op.regions])
+            for r, n in zip(op.results, new.results):
+                env[r] = n
+            b.ops.append(new)
+        out.blocks.append(b)
+    return out
+
+
+def lower_to_spmd(state: PartitionState) -> SpmdProgram:
+    """Lower a partitioned function to its device-local program."""
+    return _Lowering(state).run()

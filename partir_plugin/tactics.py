@@ -1,0 +1,143 @@
+"""Tactics: ManualPartition, AutomaticPartition and the selector constants (paper 1 §3).
+
+A tactic is any object with a `name` and `apply(ctx)` that issues actions on a
+`TacticContext`; `propagate` runs after it. Presets (BP, MP, Z2, Z3, ...) are plugins that build
+these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .core.actions import Leaf, TacticContext
+from .errors import PartitionError
+
+
+class _Selector:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"partir_plugin.{self.name}"
+
+
+REPLICATED = _Selector("REPLICATED")  # keep replicated on the tactic's axis (atomic)
+FIRST_DIVISIBLE_DIM = _Selector("FIRST_DIVISIBLE_DIM")  # tile the first dim that divides
+UNKNOWN = _Selector("UNKNOWN")  # no decision: let propagation decide
+
+Selector = Any  # int | _Selector | dict | Callable[[str, tuple], Any] | None
+
+
+def _path_parts(path: str) -> list[str]:
+    return path.split("/") if path else []
+
+
+@dataclass
+class ManualPartition:
+    """Tile argument leaves on `axis` as `inputs` says (DESIGN.md §3).
+
+    `inputs` maps argument names to selectors: an int dimension, `REPLICATED`,
+    `FIRST_DIVISIBLE_DIM`, `UNKNOWN`, a nested dict mirroring part of the argument's pytree,
+    or a callable `(path, shape) -> selector` over the leaves' key paths ("Dense_0/kernel").
+    """
+
+    inputs: dict[str, Selector]
+    axis: str
+    name: str | None = None
+    tags: dict[str, Selector] = field(default_factory=dict)  # tagged intermediates
+
+    def __post_init__(self):
+        if self.name is None:
+            self.name = f"ManualPartition({self.axis})"
+
+    def apply(self, ctx: TacticContext) -> None:
+        ctx.mesh.check_axis(self.axis)
+        for arg, selector in self.inputs.items():
+            leaves = ctx.leaves_of(arg)
+            self._select(ctx, selector, leaves, depth=0, where=arg)
+        for tag, selector in self.tags.items():
+            self._decide(ctx, selector, tag, ctx.state.tags_value(tag).type.shape, tag)
+
+    def _select(self, ctx, selector, leaves: list[Leaf], depth: int, where: str) -> None:
+        if isinstance(selector, dict):
+            for key, sub in selector.items():
+                key = str(key)
+                chosen = [lf for lf in leaves
+                          if len(_path_parts(lf.path)) > depth
+                          and _path_parts(lf.path)[depth] == key]
+                if not chosen:
+                    have = sorted({_path_parts(lf.path)[depth] for lf in leaves
+                                   if len(_path_parts(lf.path)) > depth})
+                    raise PartitionError(f"{self.name}: {where!r} has no key {key!r} "
+                                         f"(keys there: {have})")
+                self._select(ctx, sub, chosen, depth + 1, f"{where}/{key}")
+            return
+        for leaf in leaves:
+            sel = selector(leaf.path, leaf.shape) if callable(selector) and not isinstance(
+                selector, _Selector) else selector
+            self._decide(ctx, sel, leaf, leaf.shape, leaf.qualified)
+
+    def _decide(self, ctx: TacticContext, sel, target, shape, what: str) -> None:
+        if sel is None or sel is UNKNOWN:
+            return
+        if sel is REPLICATED:
+            ctx.atomic(target, self.axis)
+            return
+        if sel is FIRST_DIVISIBLE_DIM:
+            value = target.value if isinstance(target, Leaf) else ctx.state.tags_value(target)
+            for d in range(len(shape)):
+                if ctx.state.can_tile(value, d, self.axis) is None:
+                    ctx.tile(target, d, self.axis)
+                    return
+            return
+        if isinstance(sel, bool) or not isinstance(sel, int):
+            raise PartitionError(f"{self.name}: selector for {what!r} must be an int dimension, "
+                                 f"REPLICATED, FIRST_DIVISIBLE_DIM, UNKNOWN, a dict or a "
+                                 f"callable; got {sel!r}")
+        if not -len(shape) <= sel < len(shape):
+            raise PartitionError(f"{self.name}: cannot tile {what!r} of shape {tuple(shape)} on "
+                                 f"dimension {sel} along axis {self.axis!r}: it has "
+                                 f"{len(shape)} dimensions")
+        ctx.tile(target, sel, self.axis)
+
+
+@dataclass
+class AutomaticPartition:
+    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1)."""
+
+    axes: list[str]
+    budget: Any = None
+    searcher: str = "mcts"
+    name: str | None = None
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.axes, str):
+            self.axes = [self.axes]
+        if self.name is None:
+            self.name = "Auto(" + ",".join(self.axes) + ")"
+
+    def apply(self, ctx: TacticContext) -> None:
+        from .kernel import searchers
+
+        available = searchers()
+        if self.searcher not in available:
+            raise PartitionError(f"no automatic-partitioning searcher {self.searcher!r} is "
+                                 f"installed (available: {sorted(available) or 'none'})")
+        for axis in self.axes:
+            ctx.mesh.check_axis(axis)
+        available[self.searcher](budget=self.budget, **self.options).search(ctx, self.axes)
+
+
+def tactic(name: str, **kwargs) -> Any:
+    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")`."""
+    from .kernel import tactic_factories
+
+    factories = tactic_factories()
+    if name not in factories:
+        raise PartitionError(f"no tactic preset {name!r} (available: {sorted(factories)})")
+    return factories[name](**kwargs)
+
+
+Tactic = Callable[[TacticContext], None] | ManualPartition | AutomaticPartition
