@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .core.mesh import Mesh
 from .errors import InputMismatchError
@@ -98,7 +99,7 @@ class PartitionedFunction:
             return self._cache[key]
         traced = trace(self.fn, args)
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
-                              hardware=self.hardware)
+                              hardware=self.hardware, arg_names=traced.arg_names)
         program = part.program
         donated = set(Compiled(traced, part, None, key, self.donate)._donated_leaf_indices(args))
         for i in donated:

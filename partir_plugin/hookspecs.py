@@ -12,7 +12,8 @@ replace a built-in (for example a hardware spec with measured numbers).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 

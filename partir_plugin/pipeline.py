@@ -54,6 +54,7 @@ def argument_names(fn, n: int) -> list[str]:
 class Traced:
     func: Func
     leaves: list[Leaf]
+    arg_names: list[str]
     in_tree: Any
     out_tree: Any
     out_avals: list
@@ -79,7 +80,7 @@ def trace(fn, args: tuple) -> Traced:
         leaves.append(Leaf(name, path, v))
     func.arg_names = [lf.qualified for lf in leaves]
     out_avals = jax.tree_util.tree_leaves(lowered.out_info)
-    return Traced(func, leaves, lowered.in_tree, lowered.out_tree, out_avals)
+    return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals)
 
 
 @dataclass
@@ -103,13 +104,14 @@ def estimate(program: SpmdProgram, hardware) -> tuple[float | None, int | None, 
 
 
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
-                   registry: TileMappingRegistry | None = None) -> Partitioned:
+                   registry: TileMappingRegistry | None = None,
+                   arg_names: list[str] | None = None) -> Partitioned:
     """Apply each tactic then `propagate`; after each, lower and record a TacticReport."""
     state = PartitionState(func, mesh, registry or default_registry())
     reports = []
     program = None
     for tactic in schedule:
-        ctx = TacticContext(state, leaves)
+        ctx = TacticContext(state, leaves, arg_names)
         if callable(tactic) and not hasattr(tactic, "apply"):
             tactic(ctx)
             name = getattr(tactic, "__name__", "tactic")

@@ -7,8 +7,9 @@ these objects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .core.actions import Leaf, TacticContext
 from .errors import PartitionError

@@ -34,9 +34,11 @@ class Leaf:
 class TacticContext:
     """What a tactic may do. Actions are recorded in `actions` for the report."""
 
-    def __init__(self, state: PartitionState, leaves: list[Leaf]):
+    def __init__(self, state: PartitionState, leaves: list[Leaf],
+                 arg_names: list[str] | None = None):
         self.state = state
         self.leaves = leaves
+        self._arg_names = arg_names
         self.actions: list[str] = []
         self._touched: list[Value] = []
 
@@ -45,12 +47,14 @@ class TacticContext:
         return self.state.mesh
 
     def arg_names(self) -> list[str]:
+        if self._arg_names is not None:
+            return list(self._arg_names)
         return list(dict.fromkeys(leaf.arg for leaf in self.leaves))
 
     def leaves_of(self, arg: str) -> list[Leaf]:
         found = [leaf for leaf in self.leaves if leaf.arg == arg]
         if not found and arg not in self.arg_names():
-            raise PartitionError(f"unknown argument name {arg!r}; the function's array "
+            raise PartitionError(f"unknown argument name {arg!r}; the function's "
                                  f"arguments are {self.arg_names()}")
         return found
 

@@ -28,7 +28,7 @@ DENIED = frozenset({
     "stablehlo.select_and_scatter", "stablehlo.reduce_window", "stablehlo.all_reduce",
     "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
     "stablehlo.collective_permute", "stablehlo.composite", "stablehlo.fft",
-    "stablehlo.triangular_solve", "stablehlo.cholesky", "stablehlo.scatter",
+    "stablehlo.triangular_solve", "stablehlo.cholesky",
     "stablehlo.dynamic_update_slice", "stablehlo.batch_norm_training",
     "stablehlo.batch_norm_inference", "stablehlo.batch_norm_grad", "stablehlo.infeed",
     "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv", "stablehlo.after_all",
@@ -125,6 +125,33 @@ def reduce_kind(op: Op) -> str | None:
     return kind
 
 
+def _is_zero(v) -> bool:
+    op = v.producer
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        op = op.operands[0].producer
+    return splat_value(op) == 0
+
+
+def scatter_kind(op: Op) -> str | None:
+    """`add` for a scatter-add into zeros (an embedding gradient): tiles of the updates can be
+    scattered separately and their results summed. Other scatters have no Sum entry."""
+    if len(op.results) != 1 or not op.regions:
+        return None
+    body = op.regions[0].blocks[0].ops
+    if len(body) == 2 and body[0].name == "stablehlo.add" and _is_zero(op.operands[0]):
+        return "add"
+    return None
+
+
+def _indexed_operand_dims(op: Op) -> set[int]:
+    """Operand dims a gather/scatter indexes into: tiling them would index a tile with global
+    indices, so Shardy's pass-through factor there is not a plain tiling for us."""
+    text = op.attributes.get("dimension_numbers") or op.attributes.get(
+        "scatter_dimension_numbers", "")
+    m = re.search(r"(?:start_index_map|scatter_dims_to_operand_dims) = \[([0-9, ]*)\]", text)
+    return {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
+
+
 def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     if op.name in DENIED or op.rule is None or op.captures:
         return None
@@ -133,6 +160,8 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         return None
     if op.name == "stablehlo.reduce":
         reduction = reduce_kind(op)
+    elif op.name == "stablehlo.scatter":
+        reduction = scatter_kind(op)
     else:
         reduction = _SUM_OPS.get(op.name)
     entries = []
@@ -140,7 +169,7 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         if factor in rule.blocked or size <= 1:
             continue
 
-        def position(tensor):
+        def position(tensor, factor=factor):
             for d, factors in enumerate(tensor):
                 if factor in factors:
                     return d if factors[0] == factor else -1  # -1: a minor part
@@ -161,4 +190,7 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         if all(d is None for d in ins) and not results:
             continue
         entries.append(TMREntry(ins, results, size))
+    if op.name in ("stablehlo.gather", "stablehlo.scatter"):
+        indexed = _indexed_operand_dims(op)
+        entries = [e for e in entries if e.operands[0] not in indexed]
     return entries

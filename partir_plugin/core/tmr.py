@@ -8,8 +8,8 @@ rules (`shardy_rules.py`) unless a rule registered by a plugin says otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..ir.graph import Op
 

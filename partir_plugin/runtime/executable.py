@@ -13,7 +13,7 @@ from ..errors import PartitionError
 from ..spmd.layout import Layout
 
 
-def jax_mesh_for(mesh) -> "jax.sharding.Mesh":  # noqa: F821
+def jax_mesh_for(mesh) -> jax.sharding.Mesh:  # noqa: F821
     """A `jax.sharding.Mesh` for `mesh` (a jax Mesh is returned as is)."""
     import jax
 

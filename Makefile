@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine with python3 (3.11) and make:
+#   make demo   -- set up and run the demo
+#   make test   -- set up and run the tests
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench-redistribution clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test,models,plot]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m partir_plugin.examples.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check partir_plugin tests benchmarks
+
+bench-redistribution: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/redistribution.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

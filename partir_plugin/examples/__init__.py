@@ -1,0 +1,1 @@
+"""Small runnable examples; `python -m partir_plugin.examples.demo` is the README's demo."""
