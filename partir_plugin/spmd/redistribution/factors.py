@@ -1,0 +1,95 @@
+"""Prime-factor decomposition of a mesh (paper §3, Principle 1).
+
+Memory-efficient redistribution needs axes of prime size: `{x: 4, y: 6}` is viewed as the
+mesh of factor axes `{x/0: 2, x/1: 2, y/0: 2, y/1: 3}`. A mesh axis splits into its factors
+MAJOR to MINOR, so the coordinate of `x` is the mixed-radix number of its factors'
+coordinates and a PartitionSpec entry `"x"` equals the factor list `(x/0, x/1)`. A prime axis
+keeps its own name. Factor axes only exist inside the planner; plans address devices by
+replica id.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ...core.mesh import Mesh
+
+
+def prime_factors(n: int) -> list[int]:
+    """Prime factors of `n` in ascending order, with multiplicity."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        out.append(n)
+    return out
+
+
+@dataclass(frozen=True)
+class FactorAxis:
+    label: str  # "y/1", or the mesh axis name when that axis is already prime
+    axis: str  # the mesh axis it is a factor of
+    size: int  # a prime
+    stride: int  # what one step of this factor adds to the mesh axis coordinate
+
+
+@dataclass(frozen=True)
+class FactorMesh:
+    """A mesh and its prime factor axes. Factor axes are identified by their index."""
+
+    mesh: Mesh
+    factors: tuple[FactorAxis, ...]
+    by_axis: tuple[tuple[str, tuple[int, ...]], ...]  # mesh axis -> its factors, major to minor
+    replica_coords: tuple[tuple[int, ...], ...]  # replica id -> coordinate of every factor
+
+    @classmethod
+    def of(cls, mesh) -> FactorMesh:
+        mesh = Mesh.of(mesh)
+        factors: list[FactorAxis] = []
+        by_axis = []
+        for name, size in mesh.axes:
+            primes = prime_factors(size)
+            ids = []
+            stride = size
+            for k, p in enumerate(primes):
+                stride //= p
+                label = name if len(primes) == 1 else f"{name}/{k}"
+                ids.append(len(factors))
+                factors.append(FactorAxis(label, name, p, stride))
+            by_axis.append((name, tuple(ids)))
+        coords = []
+        for r in range(mesh.size):
+            mc = mesh.coords(r)
+            coords.append(tuple((mc[f.axis] // f.stride) % f.size for f in factors))
+        return cls(mesh, tuple(factors), tuple(by_axis), tuple(coords))
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.replica_coords)
+
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(f.size for f in self.factors)
+
+    def primes(self) -> Counter:
+        """The multiset of factor sizes: all that the weak search needs to know of the mesh."""
+        return Counter(f.size for f in self.factors)
+
+    def expand(self, axis: str) -> tuple[int, ...]:
+        """Factor ids of mesh axis `axis`, major to minor."""
+        for name, ids in self.by_axis:
+            if name == axis:
+                return ids
+        self.mesh.check_axis(axis)  # raises PartitionError naming the mesh
+        raise AssertionError(axis)
+
+    def label(self, f: int) -> str:
+        return self.factors[f].label
+
+    def mesh_axes(self, factor_ids) -> tuple[str, ...]:
+        """The mesh axes that `factor_ids` come from, in mesh order."""
+        wanted = {self.factors[f].axis for f in factor_ids}
+        return tuple(n for n in self.mesh.names if n in wanted)
