@@ -1,0 +1,208 @@
+"""Kernel-level simulation types and the `simulate` entry point.
+
+Hardware specs and simulators are plugins (`partir_add_hardware`, `partir_add_simulators`); this
+module only defines the data they exchange and resolves names through the plugin manager, so
+reports, searchers and third-party simulators share one vocabulary without importing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from .core.mesh import Mesh
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    """A class of interconnect (NVLink, ICI, network...). `bandwidth_bytes_per_s` is what one
+    device can push in one direction around a ring over this link class; `latency_s` is paid
+    once per ring step."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """What one device of a mesh can do. All figures are per device (per core on TPU).
+
+    `flops_per_s` maps an MLIR element type ("f32", "bf16", ...) to the matrix-unit peak used for
+    `dot_general`/`convolution`; `vector_flops_per_s` (when set) is the peak for everything else
+    (elementwise work does not run on tensor cores). `axis_links` maps a mesh axis name to a key of
+    `links` (e.g. {"hosts": "network"}); axes not listed use `default_link`.
+    `kernel_overhead_s` is a fixed cost per launched kernel (fusion), 0 for datasheet specs.
+    """
+
+    name: str
+    flops_per_s: dict[str, float]
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    links: dict[str, LinkClass]
+    default_link: str
+    axis_links: dict[str, str] = field(default_factory=dict)
+    vector_flops_per_s: float | None = None
+    kernel_overhead_s: float = 0.0
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.flops_per_s:
+            raise ValueError(f"hardware {self.name!r}: flops_per_s is empty")
+        if self.default_link not in self.links:
+            raise ValueError(f"hardware {self.name!r}: default_link {self.default_link!r} is not "
+                             f"one of its links {sorted(self.links)}")
+        for axis, link in self.axis_links.items():
+            if link not in self.links:
+                raise ValueError(f"hardware {self.name!r}: axis {axis!r} maps to unknown link "
+                                 f"{link!r} (links: {sorted(self.links)})")
+
+    def matrix_flops_for(self, element: str) -> float:
+        """Peak for a matmul/convolution on `element`: its entry, else f32's, else the slowest
+        entry (an unknown type must not look faster than a known one)."""
+        if element in self.flops_per_s:
+            return self.flops_per_s[element]
+        if "f32" in self.flops_per_s:
+            return self.flops_per_s["f32"]
+        return min(self.flops_per_s.values())
+
+    def vector_flops_for(self, element: str) -> float:
+        return self.vector_flops_per_s or self.matrix_flops_for(element)
+
+    def link_for_axes(self, axes) -> LinkClass:
+        """The link a collective over `axes` is limited by: the slowest of the axes' links."""
+        names = {self.axis_links.get(a, self.default_link) for a in axes} or {self.default_link}
+        links = [self.links[n] for n in sorted(names)]
+        return min(links, key=lambda link: (link.bandwidth_bytes_per_s, -link.latency_s))
+
+    def with_axis_links(self, axis_links: dict[str, str]) -> HardwareSpec:
+        """A copy mapping mesh axes to link classes, e.g. `a100.with_axis_links({"hosts":
+        "network"})` when the "hosts" axis crosses machines."""
+        return dataclasses.replace(self, axis_links={**self.axis_links, **axis_links})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareSpec:
+        """Build from `to_dict()` output; extra keys (raw measurements) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["links"] = {k: v if isinstance(v, LinkClass) else LinkClass(**{"name": k, **v})
+                           for k, v in data["links"].items()}
+        kwargs["flops_per_s"] = {k: float(v) for k, v in data["flops_per_s"].items()}
+        kwargs["memory_bytes"] = int(data["memory_bytes"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One collective of the program. `bytes` is the buffer size the ring formula uses (the full
+    array for all_gather/reduce_scatter), `sent_bytes` what each device sends; `count` is how many
+    times it runs (a while body's trip count)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    link: str
+    bytes: int
+    sent_bytes: float
+    time_s: float
+    count: int = 1
+
+
+@dataclass
+class SimulationResult:
+    """Estimated cost of one device-local program on one device of the mesh.
+
+    `peak_memory_bytes` = `argument_bytes` + `output_bytes` - `alias_bytes` + `temp_peak_bytes`,
+    the same decomposition XLA's memory analysis reports, so the two can be compared directly.
+    """
+
+    runtime_s: float
+    compute_s: float
+    communication_s: float
+    flops: float
+    bytes_accessed: float
+    peak_memory_bytes: int
+    per_collective: list[CollectiveCost] = field(default_factory=list)
+    transcendentals: float = 0.0
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_peak_bytes: int = 0
+    communication_bytes: float = 0.0
+    kernels: int = 0
+    unknown_ops: list[str] = field(default_factory=list)
+    unknown_trip_counts: int = 0
+    hardware: str = ""
+    simulator: str = ""
+    overlap: bool = False
+    memory_limit_bytes: int = 0
+
+    @property
+    def collective_counts(self) -> dict[str, int]:
+        """Executions per collective kind (while bodies counted by their trip count)."""
+        counts: dict[str, int] = {}
+        for c in self.per_collective:
+            counts[c.kind] = counts.get(c.kind, 0) + c.count
+        return counts
+
+    @property
+    def fits_in_memory(self) -> bool:
+        return self.memory_limit_bytes <= 0 or self.peak_memory_bytes <= self.memory_limit_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["collective_counts"] = self.collective_counts
+        data["fits_in_memory"] = self.fits_in_memory
+        return data
+
+
+def resolve_hardware(hardware: str | HardwareSpec | Any) -> Any:
+    """A spec object as is, or the spec registered under that name by a hardware plugin."""
+    if not isinstance(hardware, str):
+        return hardware
+    from . import kernel
+
+    specs = kernel.hardware_specs()
+    if hardware not in specs:
+        raise KeyError(f"unknown hardware {hardware!r}; available: {sorted(specs)} "
+                       "(add more with a `partir_add_hardware` plugin)")
+    return specs[hardware]
+
+
+def resolve_simulator(simulator: str | Any) -> Any:
+    """A simulator callable as is, or the one registered under that name."""
+    if callable(simulator):
+        return simulator
+    from . import kernel
+
+    sims = kernel.simulators()
+    if simulator not in sims:
+        raise KeyError(f"unknown simulator {simulator!r}; available: {sorted(sims)} "
+                       "(add more with a `partir_add_simulators` plugin)")
+    return sims[simulator]
+
+
+def simulate(func, mesh, hardware: str | HardwareSpec, *, overlap: bool = False,
+             simulator: str = "analytical", **options) -> SimulationResult:
+    """Estimate runtime, flops and peak memory of the device-local `func` on one device.
+
+    `mesh` is a `Mesh`, a dict of axis sizes or a `jax.sharding.Mesh`; `hardware` and `simulator`
+    are names registered by plugins or objects. `overlap` lets communication run alongside
+    independent compute; extra `options` (e.g. `donated_args`) go to the simulator.
+    """
+    spec = resolve_hardware(hardware)
+    sim = resolve_simulator(simulator)
+    params = inspect.signature(sim).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = dict(options)
+    if overlap or "overlap" in params or takes_any:
+        kwargs["overlap"] = overlap
+    unknown = [k for k in kwargs if k not in params and not takes_any]
+    if unknown:
+        raise TypeError(f"simulator {simulator!r} does not accept {unknown}")
+    return sim(func, Mesh.of(mesh), spec, **kwargs)

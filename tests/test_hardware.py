@@ -1,0 +1,69 @@
+"""Hardware specs: built-ins, lookup through plugins, the calibrated host spec."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import jax
+import pytest
+
+from partir_plugin import kernel
+from partir_plugin.plugins.hardware import calibrate
+from partir_plugin.plugins.hardware.host import CALIBRATION_ENV, load_host_spec
+from partir_plugin.simulation import HardwareSpec, LinkClass
+
+BUILTIN = {"tpu-v3", "a100-40gb", "h100-sxm", "h200-sxm", "host-cpu"}
+
+
+def test_plugin_lookup_finds_every_builtin_spec():
+    specs = kernel.hardware_specs()
+    assert BUILTIN <= set(specs)
+    a100 = specs["a100-40gb"]
+    assert a100.matrix_flops_for("f32") == 156e12 and a100.matrix_flops_for("bf16") == 312e12
+    assert a100.memory_bandwidth_bytes_per_s == 1555e9
+    tpu = specs["tpu-v3"]
+    assert tpu.memory_bytes == 16 * 2**30 and tpu.matrix_flops_for("bf16") == 123e12
+    assert tpu.links["ici"].bandwidth_bytes_per_s == 70e9
+    h100, h200 = specs["h100-sxm"], specs["h200-sxm"]
+    assert h200.memory_bandwidth_bytes_per_s > h100.memory_bandwidth_bytes_per_s
+
+
+def test_spec_links_per_axis_and_validation():
+    a100 = kernel.hardware_specs()["a100-40gb"].with_axis_links({"hosts": "network"})
+    assert a100.link_for_axes(["model"]).name == "nvlink"
+    assert a100.link_for_axes(["hosts", "model"]).name == "network"
+    assert a100.matrix_flops_for("f8E4M3FN") == 156e12  # unknown type: the f32 figure
+    with pytest.raises(ValueError, match="default_link 'ib'"):
+        HardwareSpec("x", {"f32": 1.0}, 1, 1.0, {"nv": LinkClass("nv", 1.0, 0.0)}, "ib")
+    with pytest.raises(ValueError, match="axis 'B' maps to unknown link"):
+        a100.with_axis_links({"B": "carrier-pigeon"})
+    assert HardwareSpec.from_dict(json.loads(json.dumps(a100.to_dict()))) == a100
+
+
+def test_host_spec_defaults_without_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "missing.json"))
+    spec = kernel.hardware_specs()["host-cpu"]
+    assert spec.name == "host-cpu" and "uncalibrated" in spec.notes
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring calibration file"):
+        assert "uncalibrated" in load_host_spec(tmp_path / "bad.json").notes
+
+
+def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
+    jax.devices()  # the test process keeps its devices; calibrate measures beside it
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    out = tmp_path / "host.json"
+    parser = argparse.ArgumentParser()
+    calibrate.add_arguments(parser)
+    args = parser.parse_args(["--budget", "1", "--devices", "2", "--output", str(out)])
+    assert calibrate.run(args) == 0
+    data = json.loads(out.read_text())
+    assert data["measurements"]["devices"] == 2
+    assert data["flops_per_s"]["f32"] > 0 and data["memory_bandwidth_bytes_per_s"] > 0
+    assert data["links"]["host"]["bandwidth_bytes_per_s"] > 0
+    monkeypatch.setenv(CALIBRATION_ENV, str(out))
+    spec = kernel.hardware_specs()["host-cpu"]
+    assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])
+    assert "measured" in spec.notes

@@ -1,0 +1,185 @@
+"""Cost formulas of the analytical simulator and its lookup through the plugin kernel."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from partir_plugin import kernel
+from partir_plugin.core.mesh import Mesh
+from partir_plugin.ir.graph import Block, Func, Op
+from partir_plugin.ir.importer import import_lowered
+from partir_plugin.ir.types import TensorType
+from partir_plugin.plugins.simulators.analytical import trip_count
+from partir_plugin.plugins.simulators.comm import ring_time
+from partir_plugin.simulation import HardwareSpec, LinkClass, simulate
+from partir_plugin.spmd.collectives import mark
+
+FAST = LinkClass("fast", 100e9, 2e-6)
+SLOW = LinkClass("slow", 10e9, 20e-6)
+HW = HardwareSpec(name="test-hw", flops_per_s={"f32": 1e12, "bf16": 2e12}, memory_bytes=2**30,
+                  memory_bandwidth_bytes_per_s=1e11, links={"fast": FAST, "slow": SLOW},
+                  default_link="fast", axis_links={"M": "slow"})
+MESH = Mesh.of({"B": 4, "M": 2})
+
+
+def imported(fn, *args) -> Func:
+    return import_lowered(jax.jit(fn).lower(*args))
+
+
+def one_collective(kind: str, axes, in_shape, out_shape, op_name=None) -> Func:
+    body = Block()
+    x = body.add_arg(TensorType(in_shape, "f32"))
+    op = Op(op_name or f"stablehlo.{kind}", [x], [TensorType(out_shape, "f32")])
+    mark(op, kind, axes)
+    body.ops.append(op)
+    return Func("main", body, [op.results[0]])
+
+
+def test_ring_all_reduce_formula():
+    n, k = 4 * 2**20, 4
+    expected = 2 * (k - 1) * FAST.latency_s + 2 * (k - 1) / k * n / FAST.bandwidth_bytes_per_s
+    assert ring_time("all_reduce", n, k, FAST) == pytest.approx(expected)
+    assert ring_time("all_reduce", n, 1, FAST) == 0.0
+
+    res = simulate(one_collective("all_reduce", ["B"], (2**20,), (2**20,)), MESH, HW)
+    (c,) = res.per_collective
+    assert (c.kind, c.group_size, c.link, c.bytes) == ("all_reduce", 4, "fast", n)
+    assert c.time_s == pytest.approx(expected)
+    assert res.communication_s == pytest.approx(expected) == res.runtime_s
+    assert res.communication_bytes == pytest.approx(2 * 3 / 4 * n)
+    assert res.collective_counts == {"all_reduce": 1}
+
+
+def test_collective_over_several_axes_uses_the_slowest_link():
+    res = simulate(one_collective("all_reduce", ["B", "M"], (1024,), (1024,)), MESH, HW)
+    (c,) = res.per_collective
+    assert (c.group_size, c.link) == (8, "slow")
+    assert c.time_s == pytest.approx(14 * SLOW.latency_s + 14 / 8 * 4096 / 10e9)
+
+
+@pytest.mark.parametrize("kind,axes,in_shape,out_shape,k,steps,sent", [
+    ("all_gather", ["B"], (256,), (1024,), 4, 3, 3 / 4 * 4096),      # N = the gathered result
+    ("reduce_scatter", ["B"], (1024,), (256,), 4, 3, 3 / 4 * 4096),  # N = the full operand
+    ("all_to_all", ["M"], (1024,), (1024,), 2, 1, 1 / 2 * 4096),
+    ("all_permute", ["B"], (1024,), (1024,), 4, 1, 4096),
+])
+def test_other_collective_formulas(kind, axes, in_shape, out_shape, k, steps, sent):
+    op_name = "stablehlo.collective_permute" if kind == "all_permute" else None
+    res = simulate(one_collective(kind, axes, in_shape, out_shape, op_name), MESH, HW)
+    (c,) = res.per_collective
+    link = HW.link_for_axes(axes)
+    assert c.group_size == k and c.sent_bytes == pytest.approx(sent)
+    assert c.time_s == pytest.approx(steps * link.latency_s + sent / link.bandwidth_bytes_per_s)
+
+
+def test_matmul_flops_and_roofline_from_a_real_program():
+    a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
+    res = simulate(imported(lambda a, b: a @ b, a, b), MESH, HW)
+    assert res.flops == 2 * 64 * 16 * 32
+    nbytes = 4 * (64 * 32 + 32 * 16 + 64 * 16)
+    assert res.bytes_accessed == nbytes
+    assert res.runtime_s == pytest.approx(max(res.flops / 1e12, nbytes / 1e11))
+    bf16 = simulate(imported(lambda a, b: a @ b, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)),
+                    MESH, HW.__class__(**{**HW.__dict__, "memory_bandwidth_bytes_per_s": 1e20}))
+    assert bf16.runtime_s == pytest.approx(bf16.flops / 2e12)  # the bf16 peak applies
+
+
+def test_batched_dot_and_convolution_flops():
+    res = simulate(imported(lambda a, b: jnp.einsum("bij,bjk->bik", a, b),
+                            jnp.ones((3, 4, 5)), jnp.ones((3, 5, 6))), MESH, HW)
+    assert res.flops == 2 * 3 * 4 * 6 * 5
+    conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "VALID")
+    res = simulate(imported(conv, jnp.ones((2, 3, 8, 8)), jnp.ones((5, 3, 3, 3))), MESH, HW)
+    assert res.flops == 2 * (2 * 5 * 6 * 6) * (3 * 3 * 3)
+
+
+def test_batch_parallel_divides_per_device_flops():
+    mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2
+    w1, w2 = jnp.ones((64, 128)), jnp.ones((128, 32))
+    full = simulate(imported(mlp, jnp.ones((256, 64)), w1, w2), {"B": 1}, HW)
+    local = simulate(imported(mlp, jnp.ones((32, 64)), w1, w2), {"B": 8}, HW)
+    assert full.flops / local.flops == pytest.approx(8)
+
+
+def test_live_range_peak_of_a_small_program():
+    # Three dependent matmuls of 64x64 f32 (16 KiB each): a and b are temporaries; c the output.
+    x = w = jnp.ones((64, 64))
+    res = simulate(imported(lambda x, w: ((x @ w) @ w) @ w, x, w), MESH, HW)
+    kib16 = 64 * 64 * 4
+    assert res.argument_bytes == 2 * kib16 and res.output_bytes == kib16
+    assert res.temp_peak_bytes == 2 * kib16  # a and b both live while b = a @ w runs
+    assert res.peak_memory_bytes == 5 * kib16
+
+
+def test_fusion_keeps_elementwise_chains_out_of_memory():
+    chain = lambda x: jnp.sum(jnp.tanh(x * 2.0 + 1.0) * 3.0)
+    func = imported(chain, jnp.ones((256, 256)))
+    fused = simulate(func, MESH, HW)
+    unfused = simulate(func, MESH, HW, fusion=False)
+    assert fused.temp_peak_bytes == 0
+    assert unfused.temp_peak_bytes >= 256 * 256 * 4
+    assert fused.peak_memory_bytes < unfused.peak_memory_bytes
+    assert fused.bytes_accessed == 256 * 256 * 4 + 4  # read x once, write the scalar
+    assert fused.kernels == 1 and fused.flops == unfused.flops
+
+
+def test_donated_argument_aliases_an_output():
+    update = lambda p, g: p - 0.1 * g
+    func = imported(update, jnp.ones((128,)), jnp.ones((128,)))
+    plain = simulate(func, MESH, HW)
+    donated = simulate(func, MESH, HW, donated_args=[0])
+    assert donated.alias_bytes == 512
+    assert plain.peak_memory_bytes - donated.peak_memory_bytes == 512
+
+
+def test_overlap_hides_communication_behind_independent_compute():
+    body = Block()
+    x = body.add_arg(TensorType((4096,), "f32"))
+    w = body.add_arg(TensorType((512, 512), "f32"))
+    ar = mark(Op("stablehlo.all_reduce", [x], [TensorType((4096,), "f32")]), "all_reduce", ["B"])
+    dot = Op("stablehlo.dot_general", [w, w], [TensorType((512, 512), "f32")],
+             {"dot_dimension_numbers": "#stablehlo.dot<lhs_contracting_dimensions = [1], "
+                                       "rhs_contracting_dimensions = [0]>"})
+    body.ops += [ar, dot]
+    func = Func("main", body, [ar.results[0], dot.results[0]])
+    serial = simulate(func, MESH, HW)
+    overlapped = simulate(func, MESH, HW, overlap=True)
+    assert serial.runtime_s == pytest.approx(serial.compute_s + serial.communication_s)
+    assert overlapped.runtime_s == pytest.approx(max(serial.compute_s, serial.communication_s))
+
+
+def test_while_loops_count_their_body_times_the_trip_count():
+    body = lambda i, v: jnp.tanh(v @ v)
+    once = simulate(imported(lambda v: jnp.tanh(v @ v), jnp.ones((32, 32))), MESH, HW)
+    func = imported(lambda v: jax.lax.fori_loop(0, 7, body, v), jnp.ones((32, 32)))
+    loop = next(op for op in func.ops if op.name == "stablehlo.while")
+    assert trip_count(loop) == 7
+    res = simulate(func, MESH, HW)
+    assert res.unknown_trip_counts == 0
+    assert res.flops == pytest.approx(7 * (once.flops + 2))  # + the counter's add and compare
+
+    data_dependent = lambda v: jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c * 2, v)
+    res = simulate(imported(data_dependent, jnp.ones((8,))), MESH, HW)
+    assert res.unknown_trip_counts == 1
+
+
+def test_simulate_resolves_plugins_by_name_and_explains_unknown_names():
+    assert "analytical" in kernel.simulators()
+    res = simulate(one_collective("all_reduce", ["B"], (16,), (16,)), {"B": 4}, "a100-40gb")
+    assert res.hardware == "a100-40gb" and res.simulator == "analytical"
+    assert res.per_collective[0].link == "nvlink"
+    with pytest.raises(KeyError, match="available: .*'h100-sxm'"):
+        simulate(one_collective("all_reduce", ["B"], (16,), (16,)), {"B": 4}, "tpu-v9")
+    with pytest.raises(KeyError, match="available: .*'analytical'"):
+        simulate(one_collective("all_reduce", ["B"], (16,), (16,)), {"B": 4}, HW,
+                 simulator="oracle")
+
+
+def test_result_serialises_and_checks_the_memory_limit():
+    res = simulate(imported(lambda a: a * 2, jnp.ones((1024,))), MESH, HW)
+    data = res.to_dict()
+    assert data["fits_in_memory"] and data["peak_memory_bytes"] == res.peak_memory_bytes
+    tiny = HardwareSpec(**{**HW.__dict__, "memory_bytes": 1024})
+    assert not simulate(imported(lambda a: a * 2, jnp.ones((1024,))), MESH, tiny).fits_in_memory
