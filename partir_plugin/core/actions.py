@@ -60,7 +60,7 @@ class TacticContext:
 
     def _value(self, target: Value | Leaf | str) -> tuple[Value, str]:
         if isinstance(target, Leaf):
-            return target.value, target.qualified
+            return target.value, f"argument {target.qualified!r}"
         if isinstance(target, str):
             if target in self.state.tags:
                 return self.state.tags[target], f"tag {target!r}"
