@@ -9,7 +9,7 @@ Each returns a `ManualPartition`; compose them in a schedule list.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ...hookspecs import hookimpl
 from ...tactics import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition
