@@ -313,7 +313,7 @@ def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],
     elif op.name == "stablehlo.gather":
         sizes = _parse_i64_array(attrs["slice_sizes"])
         for d, (g, loc) in enumerate(zip(op.operands[0].type.shape, operands[0].type.shape)):
-            if g != loc:
+            if g != loc and sizes[d] == g:  # a whole-slice (offset) dimension that is tiled
                 sizes[d] = loc
         attrs["slice_sizes"] = _i64_array(sizes)
 
