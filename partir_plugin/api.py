@@ -141,6 +141,22 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
     return f, f.metadata
 
 
+def tag(x, name: str):
+    """Name an intermediate value so tactics can address it (paper 1 §8).
+
+    An identity in the program (a `reduce_precision` to the value's own precision inside the
+    named scope `partir_tag[name]`), so `jax.jit(fn)` runs the same function unchanged.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"partir_plugin.tag supports floating-point values, got {x.dtype}")
+    info = jnp.finfo(x.dtype)
+    with jax.named_scope(f"partir_tag[{name}]"):
+        return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
 def plan_redistribution(mesh, global_shape, dtype, src_spec, dst_spec) -> Any:
     """The memory-bounded collective plan taking an array from `src_spec` to `dst_spec`."""
     from .spmd.redistribution import plan_redistribution as plan

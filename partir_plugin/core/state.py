@@ -44,6 +44,7 @@ class PartitionState:
 
     def __post_init__(self):
         self.users = users_of(self.func)
+        self.tags = {**self.func.tags, **self.tags}
         self._reported: set[tuple[Op, str]] = set()
 
     # -- queries ------------------------------------------------------------------------

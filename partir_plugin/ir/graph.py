@@ -83,6 +83,7 @@ class Func:
     returns: list[Value]
     arg_names: list[str] = field(default_factory=list)
     arg_attrs: dict[int, str] = field(default_factory=dict)  # arg index -> "name = value, ..."
+    tags: dict[str, Value] = field(default_factory=dict)  # `partir_plugin.tag` names
 
     @property
     def args(self) -> list[Value]:

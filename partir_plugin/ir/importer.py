@@ -7,12 +7,17 @@ Shardy knows carries its factor-based sharding rule, then walk the module once, 
 
 from __future__ import annotations
 
+import re
+
 from jaxlib.mlir import ir, passmanager
 
 from .graph import Block, Func, Op, Region, Value, walk
 from .types import TensorType
 
 _RULE_ATTR = "sdy.sharding_rule"
+_NAME = re.compile(r'loc\("([^"]*)"')
+_TAG = re.compile(r"partir_tag\[([^\]]+)\]")
+TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an identity)
 
 
 def make_context() -> ir.Context:
@@ -39,6 +44,8 @@ class _Importer:
                 name = ir.StringAttr(op.attributes["sym_name"]).value
                 self.funcs[name] = op
 
+        self.tags: dict[str, Value] = {}
+
     def import_func(self, name: str) -> Func:
         fop = self.funcs[name]
         block = fop.regions[0].blocks[0]
@@ -47,7 +54,7 @@ class _Importer:
         for a in block.arguments:
             env[a] = body.add_arg(_type(a.type))
         returns = self._import_ops(block, env, body.ops)
-        return Func(name=name, body=body, returns=returns)
+        return Func(name=name, body=body, returns=returns, tags=dict(self.tags))
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
         """Import `block`'s ops into `out`; return the values its terminator returns."""
@@ -90,6 +97,13 @@ class _Importer:
             new = Op(name, [env[v] for v in op.operands], [_type(r.type) for r in op.results],
                      attrs, regions)
             new.rule = rule
+            m = _NAME.match(str(op.location))
+            if m:
+                new.location = m.group(1)
+                if name == TAG_OP:
+                    t = _TAG.search(new.location)
+                    if t:
+                        self.tags[t.group(1)] = new.results[0]
             if regions:
                 new.captures = _captures(new)
             for r, v in zip(op.results, new.results):
@@ -135,4 +149,4 @@ def import_stablehlo(source: str | bytes, entry: str = "main") -> Func:
 
 def import_lowered(lowered) -> Func:
     """Import the StableHLO of a `jax.jit(fn).lower(*args)` result."""
-    return import_stablehlo(lowered.as_text())
+    return import_stablehlo(lowered.as_text(debug_info=True))
