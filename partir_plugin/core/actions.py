@@ -77,8 +77,7 @@ class TacticContext:
         if self.state.dim_of(v, axis) == dim:
             return
         self.state.check_divisible(v, dim, axis, what)
-        self.state.tile_value(v, dim, axis)
-        self._touched.append(v)
+        self._touched += self.state.tile_value(v, dim, axis)
         self.actions.append(f"tile<{what}, {dim}, {axis!r}>")
 
     def atomic(self, target: Value | Leaf | str, axis: str) -> None:

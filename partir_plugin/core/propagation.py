@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..ir.graph import Op, Value
+from ..ir.graph import TERMINATORS, Op, Value, partitionable_ops
 from .state import PartitionState
 from .tmr import Sum, TMREntry
 
@@ -61,8 +61,8 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
 
 def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     """Try to loop `op` over `axis`; return the values whose tiling changed."""
-    if axis in state.op_axes(op):
-        return []
+    if axis in state.op_axes(op) or op.name in TERMINATORS or op.name == "stablehlo.while":
+        return []  # a while's operands and results are tied to its body through aliases
     ins, outs, sliced = _constraints(state, op, axis)
     hard = any(d is not None for d in ins) or any(d is not None for d in outs)
     soft = any(sliced)
@@ -109,12 +109,8 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     changed: list[Value] = []
     for v, d in zip(op.inputs, entry.operands):
         if d is not None and state.dim_of(v, axis) is None:
-            state.tile_value(v, d, axis)  # inference: slice the missing operand
-            changed.append(v)
-    before = [state.dim_of(r, axis) for r in op.results]
-    state.add_loop(op, axis, entry)
-    changed += [r for r, b in zip(op.results, before) if b is None and state.dim_of(r, axis)
-                is not None]
+            changed += state.tile_value(v, d, axis)  # inference: slice the missing operand
+    changed += state.add_loop(op, axis, entry)
     changed.extend(v for v in op.inputs if v not in changed)  # their producers now see slicing
     return changed
 
@@ -122,7 +118,7 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
 def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
     """Run propagation to a fixed point over every mesh axis."""
     if seeds is None:
-        queue = deque(state.func.ops)
+        queue = deque(partitionable_ops(state.func.ops))
     else:
         queue = deque()
         for v in seeds:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import PartitionError
-from ..ir.graph import Func, Op, Value, users_of
+from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
 from .mesh import Mesh
 from .tmr import Sum, TileMappingRegistry, TMREntry
 
@@ -45,6 +45,7 @@ class PartitionState:
     def __post_init__(self):
         self.users = users_of(self.func)
         self.tags = {**self.func.tags, **self.tags}
+        self.aliases = _loop_carried_aliases(self.func)
         self._reported: set[tuple[Op, str]] = set()
 
     # -- queries ------------------------------------------------------------------------
@@ -82,7 +83,7 @@ class PartitionState:
     # -- actions ------------------------------------------------------------------------
     def can_tile(self, v: Value, dim: int, axis: str) -> str | None:
         """Why `v` cannot be tiled on (dim, axis), or None if it can."""
-        if (v, axis) in self.atomic:
+        if any((m, axis) in self.atomic for m in self.aliases.get(v, (v,))):
             return f"it is atomic (kept replicated) on axis {axis!r}"
         if not v.type.is_tensor or dim >= v.type.rank or dim < 0:
             return f"it has no dimension {dim} (type {v.type})"
@@ -96,14 +97,23 @@ class PartitionState:
                     f"not divisible by axis {axis!r} of size {size}")
         return None
 
-    def tile_value(self, v: Value, dim: int, axis: str) -> None:
-        self.tiling.setdefault(v, []).append((axis, dim))
+    def tile_value(self, v: Value, dim: int, axis: str) -> list[Value]:
+        """Tile `v` and every value that must share its distribution (a loop-carried value's
+        while operand, body and condition arguments, body result and while result)."""
+        changed = []
+        for member in self.aliases.get(v, (v,)):
+            if self.dim_of(member, axis) is None:
+                self.tiling.setdefault(member, []).append((axis, dim))
+                changed.append(member)
+        return changed
 
-    def add_loop(self, op: Op, axis: str, entry: TMREntry) -> None:
+    def add_loop(self, op: Op, axis: str, entry: TMREntry) -> list[Value]:
         self.nests.setdefault(op, []).append((axis, entry))
+        changed = []
         for r, action in zip(op.results, entry.results):
             if not isinstance(action, Sum) and self.dim_of(r, axis) is None:
-                self.tile_value(r, action, axis)
+                changed += self.tile_value(r, action, axis)
+        return changed
 
     def record_conflict(self, op: Op, axis: str, reason: str) -> None:
         if (op, axis) in self._reported:
@@ -125,3 +135,25 @@ class PartitionState:
         if reason is not None:
             raise PartitionError(f"cannot tile {what} on dimension {dim} along axis {axis!r}: "
                                  f"{reason}")
+
+
+def _loop_carried_aliases(func: Func) -> dict[Value, tuple[Value, ...]]:
+    """For every `while`, the k-th operand, condition argument, body argument, body result and
+    op result are one loop-carried value: they keep one distribution (the body is
+    partitioned once)."""
+    aliases: dict[Value, tuple[Value, ...]] = {}
+    for op in partitionable_ops(func.ops):
+        if op.name != "stablehlo.while":
+            continue
+        cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+        body_returns = body.ops[-1].operands
+        for k, operand in enumerate(op.operands):
+            group = (operand, cond.args[k], body.args[k], body_returns[k], op.results[k])
+            merged: list[Value] = []
+            for v in group:
+                for m in aliases.get(v, (v,)):
+                    if m not in merged:
+                        merged.append(m)
+            for m in merged:
+                aliases[m] = tuple(merged)
+    return aliases

@@ -103,10 +103,26 @@ def walk(ops: list[Op]):
                 yield from walk(block.ops)
 
 
-def users_of(func: Func) -> dict[Value, list[tuple[Op, int]]]:
-    """Map each value to its top-level users (op, input index), return included as (None, i)."""
-    users: dict[Value, list[tuple[Op, int]]] = {}
-    for op in func.ops:
+TERMINATORS = frozenset({"stablehlo.return", "func.return"})
+PARTITIONED_REGIONS = frozenset({"stablehlo.while"})  # ops whose bodies are partitioned
+
+
+def partitionable_ops(ops: list[Op]):
+    """Top-level ops and, recursively, the ops of `while` bodies and conditions (which are
+    partitioned like the top level), terminators included, in program order."""
+    for op in ops:
+        yield op
+        if op.name in PARTITIONED_REGIONS:
+            for region in op.regions:
+                for block in region.blocks:
+                    yield from partitionable_ops(block.ops)
+
+
+def users_of(func: Func) -> dict[Value, list[tuple[Op | None, int]]]:
+    """Map each value to its users (op, input index) among `partitionable_ops`, with the
+    function's return as (None, i)."""
+    users: dict[Value, list[tuple[Op | None, int]]] = {}
+    for op in partitionable_ops(func.ops):
         for i, v in enumerate(op.inputs):
             users.setdefault(v, []).append((op, i))
     for i, v in enumerate(func.returns):

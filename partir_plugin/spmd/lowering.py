@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
-from ..ir.graph import Block, Func, Op, Region, Value
+from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .collectives import count_collectives, mark
@@ -64,6 +64,7 @@ class _Emitter:
         self.mesh = mesh
         self.block = block
         self._replica: Value | None = None
+        self.plans: list = []  # redistribution plans emitted by `convert`, in order
 
     def emit(self, name, operands, result_types, attrs=None, regions=None) -> Op:
         op = Op(name, operands, result_types, attrs, regions)
@@ -124,15 +125,25 @@ class _Emitter:
         return mark(op, "reduce_scatter", axes).results[0]
 
     def all_gather(self, x: Value, dim: int, axes) -> Value:
+        return self.all_gather_groups(x, dim, self.mesh.groups(tuple(axes)), axes)
+
+    def all_gather_groups(self, x: Value, dim: int, groups: list[list[int]], axes) -> Value:
+        """Concatenate the tiles of each group's members along `dim`, in group order."""
         shape = list(x.type.shape)
-        shape[dim] *= self.mesh.product(axes)
+        shape[dim] *= len(groups[0])
         op = self.emit("stablehlo.all_gather", [x], [x.type.with_shape(tuple(shape))],
-                       {"all_gather_dim": f"{dim} : i64",
-                        "replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))})
+                       {"all_gather_dim": f"{dim} : i64", "replica_groups": _groups_attr(groups)})
         return mark(op, "all_gather", axes).results[0]
 
     def all_to_all(self, x: Value, split_dim: int, concat_dim: int, axes) -> Value:
-        k = self.mesh.product(axes)
+        return self.all_to_all_groups(x, split_dim, concat_dim,
+                                      self.mesh.groups(tuple(axes)), axes)
+
+    def all_to_all_groups(self, x: Value, split_dim: int, concat_dim: int,
+                          groups: list[list[int]], axes) -> Value:
+        """Split `split_dim` into one chunk per group member, chunk k to member k, and
+        concatenate the received chunks along `concat_dim` in member order."""
+        k = len(groups[0])
         shape = list(x.type.shape)
         shape[split_dim] //= k
         shape[concat_dim] *= k
@@ -140,24 +151,61 @@ class _Emitter:
                        {"split_dimension": f"{split_dim} : i64",
                         "concat_dimension": f"{concat_dim} : i64",
                         "split_count": f"{k} : i64",
-                        "replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))})
+                        "replica_groups": _groups_attr(groups)})
         return mark(op, "all_to_all", axes).results[0]
 
     def all_slice(self, x: Value, new_axes: dict[int, tuple[str, ...]]) -> Value:
         """Keep this device's block: dimension d is split further by `new_axes[d]`."""
+        blocks = {d: (self.mesh.product(axes), self.block_index(axes))
+                  for d, axes in new_axes.items() if axes}
+        return self.slice_blocks(x, blocks, [a for d in sorted(new_axes) for a in new_axes[d]])
+
+    def all_slice_blocks(self, x: Value, dim: int, num_blocks: int, block_index: list[int],
+                         axes) -> Value:
+        """Split `dim` into `num_blocks`; replica r keeps block `block_index[r]`."""
+        return self.slice_blocks(x, {dim: (num_blocks, list(block_index))}, axes)
+
+    def slice_blocks(self, x: Value, blocks: dict[int, tuple[int, list[int]]], axes) -> Value:
+        """The all_slice emitter: one local dynamic_slice where dimension d is cut into
+        `blocks[d][0]` blocks and replica r keeps block `blocks[d][1][r]`."""
         shape = list(x.type.shape)
         starts = []
         for d in range(len(shape)):
-            axes = new_axes.get(d, ())
-            if not axes:
+            if d not in blocks:
                 starts.append(self.emit("stablehlo.constant", [], [_I32],
                                         {"value": "dense<0> : tensor<i32>"}).results[0])
                 continue
-            shape[d] //= self.mesh.product(axes)
-            starts.append(self.per_device([i * shape[d] for i in self.block_index(axes)]))
+            num_blocks, index = blocks[d]
+            shape[d] //= num_blocks
+            starts.append(self.per_device([i * shape[d] for i in index]))
         op = self.emit("stablehlo.dynamic_slice", [x, *starts], [x.type.with_shape(tuple(shape))],
                        {"slice_sizes": _i64_array(shape)})
-        return mark(op, "all_slice", [a for d in sorted(new_axes) for a in new_axes[d]]).results[0]
+        return mark(op, "all_slice", axes).results[0]
+
+    def collective_permute(self, x: Value, pairs, axes) -> Value:
+        """Replica s sends its tile to t for every (s, t) in `pairs`."""
+        body = ", ".join(f"[{s}, {t}]" for s, t in pairs)
+        op = self.emit("stablehlo.collective_permute", [x], [x.type],
+                       {"source_target_pairs": f"dense<[{body}]> : tensor<{len(pairs)}x2xi64>"})
+        return mark(op, "all_permute", axes).results[0]
+
+
+def emit_plan(em: _Emitter, x: Value, plan) -> Value:
+    """Apply the steps of a `RedistributionPlan` to the local value `x` (its source tile)."""
+    from .redistribution import AllGather, AllPermute, AllSlice, AllToAll
+
+    for step in plan.steps:
+        if isinstance(step, AllGather):
+            x = em.all_gather_groups(x, step.dim, step.groups, step.axes)
+        elif isinstance(step, AllToAll):
+            x = em.all_to_all_groups(x, step.split_dim, step.concat_dim, step.groups, step.axes)
+        elif isinstance(step, AllSlice):
+            x = em.all_slice_blocks(x, step.dim, step.num_blocks, step.block_index, step.axes)
+        else:
+            assert isinstance(step, AllPermute), step
+            x = em.collective_permute(x, step.pairs, step.axes)
+        assert x.type.shape == tuple(step.out_local_shape), (step, x.type)
+    return x
 
 
 def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
@@ -186,39 +234,99 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
         if scatter is not None:
             x = em.reduce_scatter(x, scatter[0], scatter[1], kind)
             dims[scatter[0]] = dims[scatter[0]] + scatter[1]
-    # 2. An axis leaving the minor end of one dimension for the minor end of another:
-    # all_to_all.
+    # 2.-4. One collective per dimension with a prefix relation (all_to_all, all_gather,
+    # all_slice); anything else (axes reordered within a dimension, several axes moving,
+    # an axis entering a non-minor position, or a sequence exceeding the memory bound) is a
+    # redistribution problem for the planner (DESIGN.md §2.3-2.4).
+    simple = _simple_steps(dims, dst.dims)
+    if not _is_simple(em.mesh, dims, dst.dims, simple):
+        plan = _plan_edge(em.mesh, x.type, dims, dst.dims)
+        if plan is not None:
+            em.plans.append(plan)
+            return emit_plan(em, x, plan)
+    for step in simple:
+        if step[0] == "all_to_all":
+            x = em.all_to_all(x, split_dim=step[1], concat_dim=step[2], axes=step[3])
+        elif step[0] == "all_gather":
+            x = em.all_gather(x, step[1], step[2])
+        else:
+            x = em.all_slice(x, step[1])
+    return x
+
+
+def _simple_steps(dims, want) -> list[tuple]:
+    """The direct conversion of tilings `dims` to `want` (no partial sums), as steps
+    ("all_to_all", split_dim, concat_dim, axes) / ("all_gather", dim, axes) /
+    ("all_slice", {dim: axes})."""
+    rank = len(dims)
+    dims = list(dims)
+    steps: list[tuple] = []
+    # An axis leaving the minor end of one dimension for the minor end of another: all_to_all.
     moved = True
     while moved:
         moved = False
         for d1 in range(rank):
-            if not dims[d1] or dst.dims[d1][: len(dims[d1])] == dims[d1]:
+            if not dims[d1] or want[d1][: len(dims[d1])] == dims[d1]:
                 continue
             axis = dims[d1][-1]
             for d2 in range(rank):
-                want = dst.dims[d2]
-                if d2 != d1 and want[: len(dims[d2]) + 1] == dims[d2] + (axis,):
-                    x = em.all_to_all(x, split_dim=d2, concat_dim=d1, axes=(axis,))
+                if d2 != d1 and want[d2][: len(dims[d2]) + 1] == dims[d2] + (axis,):
+                    steps.append(("all_to_all", d2, d1, (axis,)))
                     dims[d1], dims[d2] = dims[d1][:-1], dims[d2] + (axis,)
                     moved = True
                     break
             if moved:
                 break
-    # 3. Gather what the target does not keep, minor axes first.
+    # Gather what the target does not keep, minor axes first.
     for d in range(rank):
         keep = 0
-        while (keep < len(dims[d]) and keep < len(dst.dims[d])
-               and dims[d][keep] == dst.dims[d][keep]):
+        while keep < len(dims[d]) and keep < len(want[d]) and dims[d][keep] == want[d][keep]:
             keep += 1
         if keep < len(dims[d]):
-            x = em.all_gather(x, d, dims[d][keep:])
+            steps.append(("all_gather", d, dims[d][keep:]))
             dims[d] = dims[d][:keep]
-    # 4. Slice what the target adds.
-    new_axes = {d: dst.dims[d][len(dims[d]):] for d in range(rank)
-                if len(dst.dims[d]) > len(dims[d])}
+    # Slice what the target adds.
+    new_axes = {d: want[d][len(dims[d]):] for d in range(rank) if len(want[d]) > len(dims[d])}
     if new_axes:
-        x = em.all_slice(x, new_axes)
-    return x
+        steps.append(("all_slice", new_axes))
+    return steps
+
+
+def _is_simple(mesh: Mesh, dims, want, steps) -> bool:
+    """At most one all_to_all, no dimension both gathered and sliced, and never more per
+    device than max(source tile, target tile)."""
+    if sum(s[0] == "all_to_all" for s in steps) > 1:
+        return False
+    gathered = {s[1] for s in steps if s[0] == "all_gather"}
+    sliced = {d for s in steps if s[0] == "all_slice" for d in s[1]}
+    if gathered & sliced:
+        return False
+
+    def parts(layout) -> int:
+        return mesh.product([a for d in layout for a in d])
+
+    lowest, current = parts(dims), parts(dims)
+    for s in steps:
+        if s[0] == "all_gather":
+            current //= mesh.product(s[2])
+        elif s[0] == "all_slice":
+            current *= mesh.product([a for axes in s[1].values() for a in axes])
+        lowest = min(lowest, current)
+    return lowest >= min(parts(dims), parts(want))
+
+
+def _plan_edge(mesh: Mesh, local: TensorType, dims, want):
+    """The planner's memory-bounded plan for one edge, or None where it cannot plan it
+    (an element type it has no size for): the direct conversion is used then."""
+    from ..errors import PartitionError
+    from .redistribution import plan_redistribution
+
+    shape = tuple(s * mesh.product(d) for s, d in zip(local.shape, dims))
+    try:
+        return plan_redistribution(mesh, shape, local.element.replace("ui", "u"),
+                                   Layout(tuple(dims)).spec(), Layout(tuple(want)).spec())
+    except PartitionError:
+        return None
 
 
 class _Lowering:
@@ -256,9 +364,12 @@ class _Lowering:
             returns.append(self.use(v, layout))
         local = Func(func.name, self.body, returns, list(func.arg_names))
         return SpmdProgram(local, self.mesh, in_layouts, out_layouts,
-                           count_collectives(self.body.ops))
+                           count_collectives(walk(self.body.ops)))
 
     def lower_op(self, op: Op) -> None:
+        if op.name == "stablehlo.while":
+            self._lower_while(op)
+            return
         nest = self.state.nest_of(op)
         inputs = []
         for i, v in enumerate(op.inputs):
@@ -281,6 +392,34 @@ class _Lowering:
         if op.name == "stablehlo.iota":
             results = [self._offset_iota(op, new.results[0], produced[0])]
         for r, x, lay in zip(op.results, results, produced):
+            self.local[r] = (x, lay)
+
+    def _lower_while(self, op: Op) -> None:
+        """A loop-carried value has one layout (aliases in the state): operands are converted
+        to it, the condition and body are lowered once with it, body results converted back
+        to it before `stablehlo.return`."""
+        layouts = [self.declared(r) for r in op.results]
+        operands = [self.use(v, lay) for v, lay in zip(op.operands, layouts)]
+        outer = (self.em, self.converted)
+        regions = []
+        for index, region in enumerate(op.regions):
+            block = region.blocks[0]
+            local_block = Block()
+            self.em, self.converted = _Emitter(self.mesh, local_block), {}
+            for a, lay in zip(block.args, layouts):
+                self.local[a] = (local_block.add_arg(lay.local_type(a.type, self.mesh)), lay)
+            for inner in block.ops[:-1]:
+                self.lower_op(inner)
+            term = block.ops[-1]
+            wanted = ([self.declared(v) for v in term.operands] if index == 0 else layouts)
+            returns = [self.use(v, lay) for v, lay in zip(term.operands, wanted)]
+            local_block.ops.append(Op(term.name, returns, []))
+            regions.append(Region([local_block]))
+        self.em, self.converted = outer
+        new = self.em.emit(op.name, operands, [lay.local_type(r.type, self.mesh)
+                                               for lay, r in zip(layouts, op.results)],
+                           dict(op.attributes), regions)
+        for r, x, lay in zip(op.results, new.results, layouts):
             self.local[r] = (x, lay)
 
     def _offset_iota(self, op: Op, local: Value, layout: Layout) -> Value:
