@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -34,6 +36,73 @@ def _fmt_bytes(n) -> str:
     return str(n)
 
 
+def _fmt_gflop(f) -> str:
+    if f is None:
+        return "-"
+    g = f / 1e9
+    return f"{g:.3g}" if g < 1000 else f"{g:.0f}"
+
+
+def _spec_str(spec) -> str:
+    """A PartitionSpec as "P('batch', None)"; strings pass through."""
+    if isinstance(spec, str):
+        return spec
+    entries = tuple(spec)
+    while entries and entries[-1] is None:
+        entries = entries[:-1]
+    return "P(" + ", ".join(repr(e) for e in entries) + ")"
+
+
+def _partition_spec_type():
+    import sys
+
+    jax_sharding = sys.modules.get("jax.sharding")  # no spec can exist before jax is imported
+    return getattr(jax_sharding, "PartitionSpec", None)
+
+
+def _is_sharding_leaf(x) -> bool:
+    spec_type = _partition_spec_type()
+    return x is None or isinstance(x, str) or hasattr(x, "spec") or (
+        spec_type is not None and isinstance(x, spec_type))
+
+
+def _sharding_str(s) -> str | None:
+    if s is None:
+        return None
+    if hasattr(s, "spec"):  # NamedSharding
+        return _spec_str(s.spec)
+    return _spec_str(s)
+
+
+def shardings_to_specs(tree) -> Any:
+    """A pytree of shardings (NamedSharding, PartitionSpec or spec strings) as plain JSON:
+    dicts stay dicts (keys as strings), sequences become lists, each sharding a spec string."""
+    if _is_sharding_leaf(tree):
+        return _sharding_str(tree)
+    if hasattr(tree, "items"):
+        return {str(k): shardings_to_specs(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [shardings_to_specs(v) for v in tree]
+    return str(tree)
+
+
+def _jsonable(x) -> Any:
+    """Plain JSON types: numpy scalars as numbers, tuples as lists, non-finite floats as None."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if hasattr(x, "item"):  # numpy scalar
+        return _jsonable(x.item())
+    return str(x)
+
+
 def _fmt_time(s) -> str:
     if s is None:
         return "-"
@@ -60,7 +129,7 @@ class Metadata:
         if not self.tactics:
             return "(not partitioned yet: call the function or .lower(*args) first)"
         head = ["tactic", "AG", "AR", "RS", "A2A", "AP", "est. runtime", "Δ runtime",
-                "est. peak mem", "Δ mem", "conflicts"]
+                "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
         rows = []
         prev = None
         for t in self.tactics:
@@ -74,7 +143,7 @@ class Metadata:
                 d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
             rows.append([t.name, *(str(c.get(k, 0)) for k in _SHORT), _fmt_time(
                 t.estimated_runtime_s), d_rt, _fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
-                str(len(t.conflicts))])
+                str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
             prev = t
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         line = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
@@ -94,5 +163,80 @@ class Metadata:
         return "\n".join(out)
 
     def to_json(self) -> dict:
-        return {"mesh": self.mesh, "hardware": self.hardware,
-                "tactics": [asdict(t) for t in self.tactics]}
+        """A JSON-serialisable dict: mesh, hardware, per-tactic reports and the in/out
+        shardings as spec strings ("P('batch', None)") in the arguments' structure."""
+        return _jsonable({
+            "mesh": dict(self.mesh) if self.mesh is not None else None,
+            "hardware": self.hardware,
+            "tactics": [asdict(t) for t in self.tactics],
+            "in_shardings": shardings_to_specs(self.in_shardings),
+            "out_shardings": shardings_to_specs(self.out_shardings),
+        })
+
+    def plot(self, path) -> Path:
+        """Write a figure of estimated runtime, estimated peak memory and collective counts
+        (stacked AG/AR/RS/A2A, plus AP when present) per tactic to `path` (format from its
+        suffix, PNG by default). Uses matplotlib's Agg canvas; the global backend is untouched."""
+        if not self.tactics:
+            raise ValueError("nothing to plot: the function is not partitioned yet (call it or "
+                             ".lower(*args) first)")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        path = Path(path)
+        names = [t.name for t in self.tactics]
+        xs = list(range(len(names)))
+        fig = Figure(figsize=(max(9.0, 1.2 * len(names) * 3), 3.6), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax_rt, ax_mem, ax_col = fig.subplots(1, 3)
+
+        runtimes = [t.estimated_runtime_s for t in self.tactics]
+        scale, unit = _time_scale([r for r in runtimes if r is not None])
+        ax_rt.bar(xs, [(r or 0.0) * scale for r in runtimes], color="tab:blue")
+        ax_rt.set_title("estimated runtime")
+        ax_rt.set_ylabel(unit)
+
+        mems = [t.estimated_peak_memory_bytes for t in self.tactics]
+        mscale, munit = _bytes_scale([m for m in mems if m is not None])
+        ax_mem.bar(xs, [(m or 0) * mscale for m in mems], color="tab:green")
+        ax_mem.set_title("estimated peak memory / device")
+        ax_mem.set_ylabel(munit)
+
+        kinds = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all"]
+        if any(t.collectives.get("all_permute", 0) for t in self.tactics):
+            kinds.append("all_permute")
+        bottom = [0] * len(xs)
+        for kind in kinds:
+            counts = [t.collectives.get(kind, 0) for t in self.tactics]
+            ax_col.bar(xs, counts, bottom=bottom, label=_SHORT[kind])
+            bottom = [b + c for b, c in zip(bottom, counts)]
+        ax_col.set_title("collectives")
+        ax_col.set_ylabel("count")
+        ax_col.legend(fontsize="small")
+        ax_col.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+        for ax in (ax_rt, ax_mem, ax_col):
+            ax.set_xticks(xs, names, rotation=30 if len(names) > 4 else 0)
+        title = f"mesh {self.mesh}" + (f", hardware {self.hardware}" if self.hardware else "")
+        fig.suptitle(title)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format=path.suffix.lstrip(".").lower() or "png")
+        return path
+
+
+def _time_scale(values) -> tuple[float, str]:
+    top = max(values, default=0.0)
+    if top >= 1:
+        return 1.0, "s"
+    if top >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def _bytes_scale(values) -> tuple[float, str]:
+    top = max(values, default=0)
+    for i, unit in enumerate(("B", "KiB", "MiB", "GiB")):
+        if top < 1024 ** (i + 1) or unit == "GiB":
+            return 1 / 1024 ** i, unit
+    return 1.0, "B"

@@ -1,0 +1,347 @@
+"""`partir report`: partition a function or a StableHLO file with a schedule and print the
+per-tactic report, without compiling or running anything.
+
+    partir report --function mypkg.model:train_step --args mypkg.model:example_args \\
+        --schedule schedule.py --mesh batch=4,model=2 --hardware a100-40gb --plot out.png
+    partir report --stablehlo step.mlir --arg-names x,w1,w2 --mesh B=4,M=2 \\
+        --schedule-json '[{"name": "BP", "axis": "B", "inputs": {"x": 0}}]'
+
+A schedule file is Python defining `schedule = [...]` (tactics such as
+`partir_plugin.ManualPartition`). The JSON form is a list of
+`{"name": ..., "axis": ..., "inputs": {arg: selector}}` where a selector is a dimension, `null`,
+"REPLICATED", "FIRST_DIVISIBLE_DIM", "UNKNOWN" or a nested object over the argument's keys;
+`--schedule-json` takes the JSON text or a path to a file holding it.
+
+The first row, "(replicated)", is the unpartitioned program (every tactic's Δ is relative to the
+row above it); `--no-baseline` leaves it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import runpy
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import PartitionError
+from .metadata import Metadata, TacticReport
+
+BASELINE = "(replicated)"
+
+
+class ReportInputError(ValueError):
+    """Bad command-line input: printed as `partir report: error: ...`, exit status 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("program (one of)")
+    src.add_argument("--function", metavar="MODULE:FUNCTION",
+                     help="the function to partition (MODULE may also be a path to a .py file)")
+    src.add_argument("--args", metavar="MODULE:FUNCTION",
+                     help="with --function: a callable returning the tuple of example arguments "
+                          "(arrays or jax.ShapeDtypeStructs)")
+    src.add_argument("--stablehlo", metavar="FILE",
+                     help="a StableHLO module (text or bytecode); its entry function is used")
+    src.add_argument("--entry", default="main", help="entry function of --stablehlo (main)")
+    src.add_argument("--arg-names", metavar="A,B,C",
+                     help="names of the --stablehlo entry's arguments (default arg0, arg1, ...)")
+    sched = parser.add_argument_group("schedule (one of; none = the replicated program only)")
+    sched.add_argument("--schedule", metavar="FILE.py",
+                       help="a Python file defining `schedule = [...]`")
+    sched.add_argument("--schedule-json", metavar="JSON|FILE",
+                       help='e.g. \'[{"name": "BP", "axis": "batch", "inputs": {"x": 0}}]\'')
+    parser.add_argument("--mesh", required=True, metavar="AXIS=SIZE,...",
+                        help="mesh axes, major to minor, e.g. batch=4,model=2")
+    parser.add_argument("--hardware", default="host-cpu",
+                        help="hardware spec name for the estimates (default host-cpu); "
+                             "see `partir plugins`")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="omit the first row, the unpartitioned program")
+    parser.add_argument("--plot", metavar="OUT.png", help="write a plot of the report")
+    parser.add_argument("--json", metavar="OUT.json", help="write Metadata.to_json()")
+
+
+# --- parsing inputs ------------------------------------------------------------------------
+
+def parse_mesh(text: str) -> dict[str, int]:
+    mesh: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, size = part.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ReportInputError(f"--mesh: expected AXIS=SIZE pairs like batch=4,model=2; "
+                                   f"got {part!r}")
+        try:
+            n = int(size)
+        except ValueError:
+            raise ReportInputError(f"--mesh: size of axis {name!r} must be an integer, got "
+                                   f"{size.strip()!r}") from None
+        if n < 1:
+            raise ReportInputError(f"--mesh: size of axis {name!r} must be positive, got {n}")
+        if name in mesh:
+            raise ReportInputError(f"--mesh: axis {name!r} appears twice")
+        mesh[name] = n
+    return mesh
+
+
+def load_object(spec: str, what: str) -> Any:
+    """`module:attr` (or `path/to/file.py:attr`) -> the object."""
+    module_name, colon, attr = spec.rpartition(":")
+    if not colon or not module_name or not attr:
+        raise ReportInputError(f"{what}: expected MODULE:NAME, got {spec!r}")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ReportInputError(f"{what}: no such file {module_name!r}")
+        namespace = runpy.run_path(str(path))
+        if attr not in namespace:
+            raise ReportInputError(f"{what}: {module_name} defines no {attr!r}")
+        return namespace[attr]
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ReportInputError(f"{what}: cannot import module {module_name!r}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ReportInputError(f"{what}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _selector(value: Any, where: str) -> Any:
+    from . import tactics
+
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        named = {"REPLICATED": tactics.REPLICATED, "FIRST_DIVISIBLE_DIM":
+                 tactics.FIRST_DIVISIBLE_DIM, "UNKNOWN": tactics.UNKNOWN}
+        if value.upper() in named:
+            return named[value.upper()]
+    if isinstance(value, dict):
+        return {k: _selector(v, f"{where}/{k}") for k, v in value.items()}
+    raise ReportInputError(f"schedule: selector for {where!r} must be a dimension (int), null, "
+                           f'"REPLICATED", "FIRST_DIVISIBLE_DIM", "UNKNOWN" or an object; got '
+                           f"{value!r}")
+
+
+def schedule_from_json(data: Any) -> list:
+    """`[{"name": "BP", "axis": "batch", "inputs": {"x": 0}}, ...]` -> ManualPartitions."""
+    from .tactics import ManualPartition
+
+    if not isinstance(data, list):
+        raise ReportInputError("schedule: the JSON schedule must be a list of tactics")
+    out = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise ReportInputError(f"schedule: tactic {i} must be an object with name, axis and "
+                                   f"inputs; got {entry!r}")
+        unknown = set(entry) - {"name", "axis", "inputs", "tags"}
+        if unknown:
+            raise ReportInputError(f"schedule: tactic {i} has unknown keys {sorted(unknown)} "
+                                   "(allowed: name, axis, inputs, tags)")
+        if not isinstance(entry.get("axis"), str):
+            raise ReportInputError(f"schedule: tactic {i} needs an \"axis\" (a mesh axis name)")
+        inputs, tags = entry.get("inputs", {}), entry.get("tags", {})
+        if not isinstance(inputs, dict) or not isinstance(tags, dict):
+            raise ReportInputError(f"schedule: tactic {i}: \"inputs\" and \"tags\" must be "
+                                   "objects mapping names to selectors")
+        name = entry.get("name")
+        out.append(ManualPartition({k: _selector(v, k) for k, v in inputs.items()},
+                                   axis=entry["axis"], name=None if name is None else str(name),
+                                   tags={k: _selector(v, k) for k, v in tags.items()}))
+    return out
+
+
+def load_schedule(args: argparse.Namespace) -> list:
+    if args.schedule and args.schedule_json:
+        raise ReportInputError("give --schedule or --schedule-json, not both")
+    if args.schedule:
+        path = Path(args.schedule)
+        if not path.is_file():
+            raise ReportInputError(f"--schedule: no such file {args.schedule!r}")
+        try:
+            namespace = runpy.run_path(str(path))
+        except Exception as e:  # the user's file failed to run: say where
+            raise ReportInputError(f"--schedule: running {path} failed: "
+                                   f"{type(e).__name__}: {e}") from None
+        if "schedule" not in namespace:
+            raise ReportInputError(f"--schedule: {path} must define `schedule = [...]`")
+        schedule = namespace["schedule"]
+        if not isinstance(schedule, (list, tuple)):
+            raise ReportInputError(f"--schedule: `schedule` in {path} must be a list, got "
+                                   f"{type(schedule).__name__}")
+        for i, t in enumerate(schedule):
+            if not (hasattr(t, "apply") or callable(t)):
+                raise ReportInputError(f"--schedule: entry {i} of `schedule` is not a tactic "
+                                       f"(ManualPartition, AutomaticPartition or a callable): "
+                                       f"{t!r}")
+        return list(schedule)
+    if args.schedule_json:
+        text = args.schedule_json
+        if not text.lstrip().startswith("[") and Path(text).is_file():
+            text = Path(text).read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReportInputError(f"--schedule-json: not valid JSON ({e})") from None
+        return schedule_from_json(data)
+    return []
+
+
+# --- building the report -------------------------------------------------------------------
+
+def build_metadata(load: Callable[[], tuple], mesh, schedule: Sequence, hardware=None, *,
+                   baseline: bool = True) -> Metadata:
+    """Partition what `load()` returns (`(func, leaves, arg_names, unflatten)`, fresh on every
+    call) with `schedule` and return the filled Metadata. With `baseline`, the first row is the
+    unpartitioned program. `unflatten(specs)` rebuilds the arguments' structure or is None."""
+    from .core.mesh import Mesh
+    from .pipeline import apply_schedule, estimate
+
+    mesh = Mesh.of(mesh)
+    reports: list[TacticReport] = []
+    if baseline:
+        func, leaves, names, _ = load()
+        base = apply_schedule(func, leaves, mesh, [], hardware=hardware, arg_names=names)
+        runtime, peak, flops = estimate(base.program, hardware)
+        reports.append(TacticReport(BASELINE, dict(base.program.counts), runtime, peak, flops,
+                                    [str(c) for c in base.state.conflicts],
+                                    dict(base.state.unsupported)))
+    func, leaves, names, unflatten = load()
+    part = apply_schedule(func, leaves, mesh, list(schedule), hardware=hardware, arg_names=names)
+    reports.extend(part.reports)
+    meta = Metadata()
+    meta.tactics = reports
+    meta.mesh = mesh.shape
+    meta.hardware = getattr(hardware, "name", hardware)
+    in_specs = [lay.spec() for lay in part.program.in_layouts]
+    out_specs = [lay.spec() for lay in part.program.out_layouts]
+    if unflatten is not None:
+        meta.in_shardings, meta.out_shardings = unflatten(in_specs, out_specs)
+    else:
+        meta.in_shardings = {lf.qualified: s for lf, s in zip(leaves, in_specs)}
+        meta.out_shardings = out_specs
+    meta.device_local_stablehlo = part.program.text()
+    return meta
+
+
+def report_for_function(fn, args: tuple, mesh, schedule: Sequence, hardware=None, *,
+                        baseline: bool = True) -> Metadata:
+    """Trace `fn` on `args` (arrays or ShapeDtypeStructs) and partition it; nothing runs."""
+    import jax
+
+    from .pipeline import trace
+
+    def load():
+        t = trace(fn, tuple(args))
+
+        def unflatten(in_specs, out_specs):
+            ins = jax.tree_util.tree_unflatten(t.in_tree, in_specs)[0]
+            outs = jax.tree_util.tree_unflatten(t.out_tree, out_specs)
+            return ins, outs
+
+        return t.func, t.leaves, t.arg_names, unflatten
+
+    return build_metadata(load, mesh, schedule, hardware, baseline=baseline)
+
+
+def report_for_stablehlo(source: str | bytes, mesh, schedule: Sequence, hardware=None, *,
+                         arg_names: Sequence[str] | None = None, entry: str = "main",
+                         baseline: bool = True) -> Metadata:
+    """Import a StableHLO module's `entry` and partition it; arguments are named `arg_names`
+    (default arg0, arg1, ...)."""
+    from .core.actions import Leaf
+    from .ir.importer import import_stablehlo
+
+    def load():
+        try:
+            func = import_stablehlo(source, entry)
+        except ValueError as e:
+            raise ReportInputError(f"--stablehlo: {e}") from None
+        names = list(arg_names) if arg_names is not None else [
+            f"arg{i}" for i in range(len(func.args))]
+        if len(names) != len(func.args):
+            raise ReportInputError(f"--arg-names: @{entry} has {len(func.args)} arguments but "
+                                   f"{len(names)} names were given ({','.join(names)})")
+        if len(set(names)) != len(names):
+            raise ReportInputError(f"--arg-names: names must be distinct, got {names}")
+        func.arg_names = list(names)
+        return func, [Leaf(n, "", v) for n, v in zip(names, func.args)], names, None
+
+    return build_metadata(load, mesh, schedule, hardware, baseline=baseline)
+
+
+def _resolve_hardware(name: str):
+    from .simulation import resolve_hardware
+
+    try:
+        resolve_hardware(name)
+    except KeyError as e:
+        raise ReportInputError(f"--hardware: {e.args[0]}") from None
+    return name
+
+
+def _metadata_from_args(args: argparse.Namespace) -> Metadata:
+    if bool(args.function) == bool(args.stablehlo):
+        raise ReportInputError("give either --function MODULE:FUNCTION (with --args) or "
+                               "--stablehlo FILE")
+    mesh = parse_mesh(args.mesh)
+    schedule = load_schedule(args)
+    hardware = _resolve_hardware(args.hardware) if args.hardware else None
+    baseline = not args.no_baseline
+    if args.stablehlo:
+        if args.args:
+            raise ReportInputError("--args goes with --function, not --stablehlo")
+        path = Path(args.stablehlo)
+        if not path.is_file():
+            raise ReportInputError(f"--stablehlo: no such file {args.stablehlo!r}")
+        data = path.read_bytes()
+        try:
+            source: str | bytes = data.decode()
+        except UnicodeDecodeError:
+            source = data  # bytecode
+        names = [n.strip() for n in args.arg_names.split(",")] if args.arg_names else None
+        return report_for_stablehlo(source, mesh, schedule, hardware, arg_names=names,
+                                    entry=args.entry, baseline=baseline)
+    if args.arg_names:
+        raise ReportInputError("--arg-names goes with --stablehlo; a function's arguments are "
+                               "named by its signature")
+    if not args.args:
+        raise ReportInputError("--function needs --args MODULE:FUNCTION returning the example "
+                               "arguments")
+    fn = load_object(args.function, "--function")
+    if not callable(fn):
+        raise ReportInputError(f"--function: {args.function} is not callable")
+    make_args = load_object(args.args, "--args")
+    example = make_args() if callable(make_args) else make_args
+    if not isinstance(example, (tuple, list)):
+        raise ReportInputError(f"--args: {args.args} must return a tuple of example arguments, "
+                               f"got {type(example).__name__}")
+    return report_for_function(fn, tuple(example), mesh, schedule, hardware, baseline=baseline)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        meta = _metadata_from_args(args)
+    except ReportInputError as e:
+        print(f"partir report: error: {e}", file=sys.stderr)
+        return 2
+    except PartitionError as e:
+        print(f"partir report: partitioning failed: {e}", file=sys.stderr)
+        return 1
+    print(meta.report())
+    if args.json:
+        Path(args.json).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        meta.plot(args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
