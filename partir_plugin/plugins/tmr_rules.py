@@ -26,6 +26,29 @@ def iota_rule(op: Op) -> list[TMREntry]:
     return _result_tiles(op)
 
 
+# CHLO's elementwise ops (what jax emits for erf, lgamma, sinh, asin, ...). Shardy's
+# `sdy-populate-op-sharding-rules` only knows StableHLO ops, so without this rule every one of
+# them stayed replicated and cut propagation in two (an all_gather before, an all_slice after).
+CHLO_ELEMENTWISE = (
+    "chlo.acos", "chlo.acosh", "chlo.asin", "chlo.asinh", "chlo.atan", "chlo.atanh",
+    "chlo.bessel_i1e", "chlo.conj", "chlo.cosh", "chlo.digamma", "chlo.erf", "chlo.erf_inv",
+    "chlo.erfc", "chlo.is_inf", "chlo.is_neg_inf", "chlo.is_pos_inf", "chlo.lgamma",
+    "chlo.mulhi", "chlo.next_after", "chlo.polygamma", "chlo.sinh", "chlo.square", "chlo.tan",
+    "chlo.zeta",
+)
+
+
+def elementwise_rule(op: Op) -> list[TMREntry] | None:
+    # Every dimension passes through every operand to every result. The `chlo.broadcast_*`
+    # forms (operands of other shapes) are not elementwise in this sense: no rule.
+    shape = op.results[0].type.shape
+    if any(v.type.shape != shape for v in (*op.operands, *op.results)):
+        return None
+    n = len(op.operands)
+    return [TMREntry((d,) * n, (d,) * len(op.results), size)
+            for d, size in enumerate(shape) if size > 1]
+
+
 def dynamic_update_slice_rule(op: Op) -> list[TMREntry]:
     # Only dimensions the update covers entirely: the start index is then clamped to 0.
     operand, update = op.operands[0].type.shape, op.operands[1].type.shape
@@ -39,3 +62,5 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     registry.register("stablehlo.constant", constant_rule)
     registry.register("stablehlo.iota", iota_rule)
     registry.register("stablehlo.dynamic_update_slice", dynamic_update_slice_rule)
+    for name in CHLO_ELEMENTWISE:
+        registry.register(name, elementwise_rule)
