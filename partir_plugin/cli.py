@@ -8,7 +8,8 @@ import sys
 
 # subcommand -> (module, help). The module has `add_arguments(parser)` and `run(args) -> int`.
 COMMANDS = {
-    "report": ("partir_plugin.report_cli", "partition a function or StableHLO file, print the report"),
+    "report": ("partir_plugin.report_cli",
+               "partition a function or StableHLO file, print the report"),
     "reshard-plan": ("partir_plugin.spmd.redistribution.cli", "print a redistribution plan"),
     "calibrate": ("partir_plugin.plugins.hardware.calibrate", "measure this host, save a spec"),
     "plugins": ("partir_plugin.plugins_cli", "list loaded plugins"),

@@ -32,11 +32,12 @@ DENIED = frozenset({
     "stablehlo.dynamic_update_slice", "stablehlo.batch_norm_training",
     "stablehlo.batch_norm_inference", "stablehlo.batch_norm_grad", "stablehlo.infeed",
     "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv", "stablehlo.after_all",
-    "stablehlo.get_tuple_element", "stablehlo.tuple", "stablehlo.convolution",
+    "stablehlo.get_tuple_element", "stablehlo.tuple",
 })
 
 # The reduction a Sum entry performs, for ops whose reduction factors are plain sums.
-_SUM_OPS = {"stablehlo.dot_general": "add", "stablehlo.dot": "add"}
+_SUM_OPS = {"stablehlo.dot_general": "add", "stablehlo.dot": "add",
+            "stablehlo.convolution": "add"}
 _REDUCER = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
             "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
 # Reductions where an init value that is not the identity would be counted once per tile.
@@ -152,9 +153,17 @@ def _indexed_operand_dims(op: Op) -> set[int]:
     return {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
 
 
+def _grouped_convolution(op: Op) -> bool:
+    """Grouped or batch-grouped convolutions tie feature tiles to groups: not plain tiling."""
+    return any(not op.attributes.get(k, "1 : i64").startswith("1 ")
+               for k in ("feature_group_count", "batch_group_count"))
+
+
 def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     if op.name in DENIED or op.rule is None or op.captures:
         return None
+    if op.name == "stablehlo.convolution" and _grouped_convolution(op):
+        return []
     rule = parse_rule(op.rule)
     if rule is None:
         return None
