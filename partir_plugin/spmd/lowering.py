@@ -25,6 +25,7 @@ from .layout import Layout
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
                 "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
 _I32 = TensorType((), "i32")
+_LINEAR_OPS = frozenset({"stablehlo.add", "stablehlo.subtract", "stablehlo.negate"})
 
 
 @dataclass
@@ -371,16 +372,21 @@ class _Lowering:
             self._lower_while(op)
             return
         nest = self.state.nest_of(op)
-        inputs = []
+        wanted = []
         for i, v in enumerate(op.inputs):
             tiles = [(a, e.operands[i]) for a, e in nest if e.operands[i] is not None]
-            inputs.append(self.use(v, Layout.from_tiles(v.type.rank, tiles)))
+            wanted.append(Layout.from_tiles(v.type.rank, tiles))
+        forwarded = self._forwarded_sum(op, wanted)
+        if forwarded:
+            inputs = [self.local[v][0] for v in op.inputs]
+        else:
+            inputs = [self.use(v, lay) for v, lay in zip(op.inputs, wanted)]
         produced = []
         for j, r in enumerate(op.results):
             tiles = [(a, e.results[j]) for a, e in nest if not isinstance(e.results[j], Sum)]
             partial = [(a, e.results[j].reduction) for a, e in nest
                        if isinstance(e.results[j], Sum)]
-            produced.append(Layout.from_tiles(r.type.rank, tiles, partial))
+            produced.append(Layout.from_tiles(r.type.rank, tiles, [*forwarded, *partial]))
         operands = inputs[: len(op.operands)]
         env = dict(zip(op.captures, inputs[len(op.operands):]))
         result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
@@ -393,6 +399,22 @@ class _Lowering:
             results = [self._offset_iota(op, new.results[0], produced[0])]
         for r, x, lay in zip(op.results, results, produced):
             self.local[r] = (x, lay)
+
+    def _forwarded_sum(self, op: Op, wanted: list[Layout]) -> tuple:
+        """Pending sums an add/subtract/negate can pass through: when every input is the same
+        partial sum (over the same axes, reduced by add) of what the op consumes,
+        `Σ a_i + Σ b_i = Σ (a_i + b_i)`, so the op runs on the partials and one all_reduce
+        follows instead of one per input (the backward pass of separate q/k/v projections)."""
+        if op.name not in _LINEAR_OPS:
+            return ()
+        partials = set()
+        for v, want in zip(op.inputs, wanted):
+            have = self.local[v][1]
+            if have.dims != want.dims or not have.partial:
+                return ()
+            partials.add(have.partial)
+        (partial,) = partials if len(partials) == 1 else ((),)
+        return partial if all(kind == "add" for _, kind in partial) else ()
 
     def _lower_while(self, op: Op) -> None:
         """A loop-carried value has one layout (aliases in the state): operands are converted
