@@ -17,6 +17,7 @@ from .types import TensorType
 _RULE_ATTR = "sdy.sharding_rule"
 _NAME = re.compile(r'loc\("([^"]*)"')
 _TAG = re.compile(r"partir_tag\[([^\]]+)\]")
+_IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
 TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an identity)
 
 
@@ -63,6 +64,10 @@ class _Importer:
             name = op.name
             if name in ("func.return", "stablehlo.return"):
                 return [env[v] for v in op.operands]
+            if name in _IDENTITIES:
+                # Sharding annotations are jax's, not ours: the schedule decides shardings.
+                env[op.results[0]] = env[op.operands[0]]
+                continue
             if name == "func.call":
                 callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
                 inner = self.funcs[callee].regions[0].blocks[0]

@@ -82,7 +82,8 @@ class DeviceLocalExecutable:
                 placed.append(x)
             else:
                 placed.append(jax.device_put(x, s))
-        return placed
+        # Typed PRNG keys travel as their raw uint32 data, as the StableHLO program sees them.
+        return [jax.random.key_data(x) if _is_key(x.dtype) else x for x in placed]
 
     def __call__(self, leaves) -> list:
         import jax
@@ -92,6 +93,22 @@ class DeviceLocalExecutable:
         outs = []
         for arrays, s, (shape, dtype) in zip(results.disassemble_into_single_device_arrays(),
                                              self.out_shardings, self.out_types):
-            outs.append(jax.make_array_from_single_device_arrays(shape, s, arrays))
-            del dtype
+            if _is_key(dtype):
+                data_shape = tuple(shape) + tuple(arrays[0].shape[len(arrays[0].shape)
+                                                                  - _key_rank(dtype):])
+                data = jax.make_array_from_single_device_arrays(data_shape, s, arrays)
+                outs.append(jax.random.wrap_key_data(data, impl=dtype._impl.name))
+            else:
+                outs.append(jax.make_array_from_single_device_arrays(shape, s, arrays))
         return outs
+
+
+def _is_key(dtype) -> bool:
+    import jax
+
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _key_rank(dtype) -> int:
+    """Trailing dimensions a key's raw data adds (1 for threefry's uint32[2])."""
+    return len(dtype._impl.key_shape)

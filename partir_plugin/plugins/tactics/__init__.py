@@ -43,6 +43,26 @@ def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_sta
                            axis=axis, name=name)
 
 
+def embedding(axis: str = "model", params: str = "params", match: str = "embed",
+              dim: int = -1, name: str = "EMB") -> ManualPartition:
+    """EMB: tile embedding tables (parameters whose path contains `match`) on their feature
+    dimension `dim` (d_model), which partitions the activations that flow from them."""
+
+    def rule(path: str, shape: tuple) -> int | None:
+        return dim % len(shape) if match in path and len(shape) >= 2 else None
+
+    return ManualPartition({params: rule}, axis=axis, name=name)
+
+
+def edge_sharding(axis: str = "batch", inputs: str = "batch",
+                  edges: Sequence[str] = ("edges", "senders", "receivers"),
+                  name: str = "ES") -> ManualPartition:
+    """ES: tile the edge arrays of a graph on their edge dimension (0); node features stay
+    replicated, so every aggregation over edges becomes an all_reduce."""
+    return ManualPartition({inputs: {key: 0 for key in edges}}, axis=axis, name=name)
+
+
 @hookimpl
 def partir_add_tactics():
-    return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3}
+    return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
+            "EMB": embedding, "ES": edge_sharding}
