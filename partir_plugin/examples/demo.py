@@ -1,37 +1,39 @@
-"""The README demo: partition a train step on 8 devices, check it against `jax.jit`, and print
-the per-tactic report.
+"""The README demo: partition the transformer train step (paper's T, small) with the schedule
+[BP, MP, Z3] on 8 devices, check it against `jax.jit`, and print the per-tactic report.
 
 Run with `make demo` (which sets XLA_FLAGS for 8 virtual CPU devices).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The models live in the repository's benchmarks/ folder, beside the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> int:
     import jax
     import numpy as np
-    import optax
 
     import partir_plugin as partir
-    from partir_plugin.examples import mlp
+    from benchmarks.models import megatron, transformer
 
-    model, optimizer = mlp.MLP(hidden=64, layers=4, classes=16), optax.adam(1e-3)
-    train_step = mlp.make_train_step(model, optimizer)
-    params, opt_state, batch = mlp.init(model, optimizer, batch_size=64)
+    config = dataclasses.replace(transformer.Config.small(layers=4), batch=8, seq_len=16,
+                                 d_model=64, heads=4, head_dim=16, ffw=256, vocab=128)
+    train_step = transformer.make_train_step(config)
+    params, opt_state, batch = transformer.init(config, jax.random.PRNGKey(0))
 
     mesh = jax.make_mesh((4, 2), ("batch", "model"), devices=jax.devices()[:8])
     schedule = [
-        partir.ManualPartition({"batch": 0}, axis="batch", name="BP"),
-        partir.ManualPartition({"params": mlp.megatron_rule}, axis="model", name="MP"),
-        partir.ManualPartition({"params": partir.FIRST_DIVISIBLE_DIM,
-                                "opt_state": partir.FIRST_DIVISIBLE_DIM}, axis="batch",
-                               name="Z3"),
+        partir.tactic("BP", axis="batch"),
+        partir.tactic("MP", rule=megatron.transformer_rule, axis="model"),
+        partir.tactic("Z3", axis="batch"),
     ]
     start = time.perf_counter()
     step, meta = partir.jit(train_step, mesh, schedule, hardware="host-cpu")
@@ -40,17 +42,33 @@ def main() -> int:
 
     reference = jax.jit(train_step)
     p, o, p_ref, o_ref = params, opt_state, params, opt_state
+    loss_ok = True
     for i in range(3):
         p, o, loss = step(p, o, batch)
         p_ref, o_ref, loss_ref = reference(p_ref, o_ref, batch)
+        loss_ok &= abs(float(loss) - float(loss_ref)) <= 1e-5 * abs(float(loss_ref))
         print(f"step {i}: loss partitioned {float(loss):.6f}   jax.jit {float(loss_ref):.6f}")
-    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(p_ref)))
-    print(f"\npartitioned + compiled in {partition_s:.2f} s on {len(mesh.devices.flat)} "
-          f"{jax.devices()[0].platform} devices; max |param - jax.jit param| = {worst:.2e}\n")
+
+    # Gradients under the same schedule (Z3 on the parameters) against jax.jit's: Adam turns
+    # rounding noise in near-zero gradient entries into whole learning-rate steps, so the
+    # parameters after a few steps are not the place to compare.
+    def gradients(params, batch):
+        return jax.grad(lambda q: transformer.loss_fn(config, q, batch))(params)
+
+    grad_schedule = [*schedule[:2], partir.ManualPartition(
+        {"params": partir.FIRST_DIVISIBLE_DIM}, axis="batch", name="Z3")]
+    grad_step, _ = partir.jit(gradients, mesh, grad_schedule)
+    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(b)))
+                for a, b in zip(jax.tree.leaves(grad_step(params, batch)),
+                                jax.tree.leaves(jax.jit(gradients)(params, batch))))
+    n_params = len(jax.tree.leaves(params))
+    print(f"\ntransformer: {config.layers} layers, {n_params} parameter tensors; partitioned "
+          f"and compiled in {partition_s:.2f} s on {len(mesh.devices.flat)} "
+          f"{jax.devices()[0].platform} devices; largest gradient error relative to the "
+          f"leaf's scale: {worst:.1e}\n")
     print(meta.report())
-    ok = worst < 1e-4 and abs(float(loss) - float(loss_ref)) < 1e-5
-    print("\nnumerics check:", "OK" if ok else "MISMATCH")
+    ok = loss_ok and worst < 1e-4
+    print("\nnumerics check against jax.jit (losses, gradients):", "OK" if ok else "MISMATCH")
     return 0 if ok else 1
 
 
