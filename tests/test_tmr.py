@@ -443,3 +443,27 @@ def test_fft_without_rule_stays_replicated():
     assert report.collectives == counts(all_gather=1)
     assert meta.out_shardings[0].spec == jax.sharding.PartitionSpec()
     assert meta.out_shardings[1].spec == jax.sharding.PartitionSpec("a")
+
+
+def test_pooling_and_its_gradient_partition_on_batch_and_channels():
+    """reduce_window (max/avg pool) and select_and_scatter (max-pool gradient): batch and
+    channel dimensions pass through; windowed dimensions stay whole."""
+    import flax.linen as nn
+
+    def loss(x, w):
+        y = nn.max_pool(x, (2, 2), strides=(2, 2)) + nn.avg_pool(x, (2, 2), strides=(2, 2))
+        return (y @ w).sum()
+
+    grad = jax.grad(loss)
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 16, 16, 4))
+    w = jnp.ones((4, 6))
+    schedule = [partir.ManualPartition({"x": 0}, axis="a"),
+                partir.ManualPartition({"x": 3}, axis="b")]
+    step, meta = partir.jit(grad, {"a": 4, "b": 2}, schedule)
+    out = step(x, w)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(grad)(x, w)), atol=1e-6)
+    assert out.sharding.spec == jax.sharding.PartitionSpec("a", None, None, "b")
+    # Only the channel contraction with w (tiled on b) needs a reduction; nothing is gathered.
+    assert meta.tactics[-1].collectives["all_reduce"] == 1
+    assert meta.tactics[-1].collectives["all_gather"] == 0
+    assert meta.tactics[-1].unsupported_ops == {}

@@ -24,8 +24,7 @@ _RULE = re.compile(r"#sdy\.op_sharding_rule<\((?P<ins>.*?)\)->\((?P<outs>.*?)\)(
 # with loop-carried state, side effects, calls we cannot see into) or a lowering we lack.
 DENIED = frozenset({
     "stablehlo.while", "stablehlo.case", "stablehlo.if", "stablehlo.custom_call",
-    "stablehlo.rng_bit_generator", "stablehlo.rng", "stablehlo.optimization_barrier",
-    "stablehlo.select_and_scatter", "stablehlo.reduce_window", "stablehlo.all_reduce",
+    "stablehlo.rng_bit_generator", "stablehlo.rng", "stablehlo.all_reduce",
     "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
     "stablehlo.collective_permute", "stablehlo.composite", "stablehlo.fft",
     "stablehlo.triangular_solve", "stablehlo.cholesky",
