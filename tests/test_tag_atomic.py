@@ -67,3 +67,36 @@ def test_atomic_parameter_stays_replicated_z2():
     z2 = meta.tactics[1].collectives
     # Gradients reduce-scattered onto the sharded optimizer state, parameters gathered back.
     assert z2["reduce_scatter"] == n and z2["all_gather"] == n and z2["all_reduce"] == 1
+
+
+def test_control_flow_branches_sort_and_argmax_partition():
+    """`case` branches are partitioned like the top level (their results share one
+    distribution with the case's results); sort and argmax keep their non-sorted/non-reduced
+    dimensions tiled."""
+    import jax.numpy as jnp
+
+    def f(x, w, flag):
+        h = x @ w
+        y = jax.lax.cond(flag > 0, lambda: jnp.tanh(h) * 2.0, lambda: h - 1.0)
+        total = jax.lax.cond(flag > 0, lambda: y.sum(), lambda: y.max())
+        return jnp.sort(y, axis=1), jnp.argmax(y, axis=1), total
+
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (64, 16)))
+    w = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (16, 8)))
+    schedule = [partir.ManualPartition({"x": 0}, axis="a"),
+                partir.ManualPartition({"w": 1}, axis="b")]
+    step, meta = partir.jit(f, {"a": 4, "b": 2}, schedule)
+    for flag in (1, -1):
+        out = step(x, w, np.int32(flag))
+        ref = jax.jit(f)(x, w, np.int32(flag))
+        for a, b in zip(out, ref):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    counts = meta.tactics[-1].collectives
+    # y is tiled (a on rows, b on columns) through both branches; sort and argmax along the
+    # b-tiled columns gather once (shared); each branch's full reduction is one all_reduce.
+    assert counts == dict(all_gather=1, all_reduce=2, reduce_scatter=0, all_to_all=0,
+                          all_permute=0)
+    assert meta.tactics[-1].unsupported_ops == {}
+    assert out[0].sharding.spec == jax.sharding.PartitionSpec("a")
+    text = meta.device_local_stablehlo
+    assert '"stablehlo.case"' in text and "tensor<16x4xf32>" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..ir.graph import TERMINATORS, Op, Value, partitionable_ops
+from ..ir.graph import PARTITIONED_REGIONS, TERMINATORS, Op, Value, partitionable_ops
 from .state import PartitionState
 from .tmr import Sum, TMREntry
 
@@ -61,8 +61,8 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
 
 def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     """Try to loop `op` over `axis`; return the values whose tiling changed."""
-    if axis in state.op_axes(op) or op.name in TERMINATORS or op.name == "stablehlo.while":
-        return []  # a while's operands and results are tied to its body through aliases
+    if axis in state.op_axes(op) or op.name in TERMINATORS or op.name in PARTITIONED_REGIONS:
+        return []  # a while's or case's values are tied to its regions through aliases
     ins, outs, sliced = _constraints(state, op, axis)
     hard = any(d is not None for d in ins) or any(d is not None for d in outs)
     soft = any(sliced)

@@ -140,20 +140,26 @@ class PartitionState:
 def _loop_carried_aliases(func: Func) -> dict[Value, tuple[Value, ...]]:
     """For every `while`, the k-th operand, condition argument, body argument, body result and
     op result are one loop-carried value: they keep one distribution (the body is
-    partitioned once)."""
+    partitioned once). For every `case`, its k-th result and each branch's k-th returned value
+    are one value."""
     aliases: dict[Value, tuple[Value, ...]] = {}
+    groups: list[tuple[Value, ...]] = []
     for op in partitionable_ops(func.ops):
-        if op.name != "stablehlo.while":
-            continue
-        cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
-        body_returns = body.ops[-1].operands
-        for k, operand in enumerate(op.operands):
-            group = (operand, cond.args[k], body.args[k], body_returns[k], op.results[k])
-            merged: list[Value] = []
-            for v in group:
-                for m in aliases.get(v, (v,)):
-                    if m not in merged:
-                        merged.append(m)
-            for m in merged:
-                aliases[m] = tuple(merged)
+        if op.name == "stablehlo.while":
+            cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+            body_returns = body.ops[-1].operands
+            groups += [(operand, cond.args[k], body.args[k], body_returns[k], op.results[k])
+                       for k, operand in enumerate(op.operands)]
+        elif op.name == "stablehlo.case":
+            # Every branch's k-th result is the case's k-th result.
+            groups += [(result, *(r.blocks[0].ops[-1].operands[k] for r in op.regions))
+                       for k, result in enumerate(op.results)]
+    for group in groups:
+        merged: list[Value] = []
+        for v in group:
+            for m in aliases.get(v, (v,)):
+                if m not in merged:
+                    merged.append(m)
+        for m in merged:
+            aliases[m] = tuple(merged)
     return aliases

@@ -104,12 +104,12 @@ def walk(ops: list[Op]):
 
 
 TERMINATORS = frozenset({"stablehlo.return", "func.return"})
-PARTITIONED_REGIONS = frozenset({"stablehlo.while"})  # ops whose bodies are partitioned
+PARTITIONED_REGIONS = frozenset({"stablehlo.while", "stablehlo.case"})  # bodies partitioned
 
 
 def partitionable_ops(ops: list[Op]):
-    """Top-level ops and, recursively, the ops of `while` bodies and conditions (which are
-    partitioned like the top level), terminators included, in program order."""
+    """Top-level ops and, recursively, the ops of `while` bodies and conditions and of `case`
+    branches (partitioned like the top level), terminators included, in program order."""
     for op in ops:
         yield op
         if op.name in PARTITIONED_REGIONS:

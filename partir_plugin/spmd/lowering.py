@@ -368,8 +368,8 @@ class _Lowering:
                            count_collectives(walk(self.body.ops)))
 
     def lower_op(self, op: Op) -> None:
-        if op.name == "stablehlo.while":
-            self._lower_while(op)
+        if op.name in ("stablehlo.while", "stablehlo.case"):
+            self._lower_regions(op)
             return
         nest = self.state.nest_of(op)
         wanted = []
@@ -416,12 +416,17 @@ class _Lowering:
         (partial,) = partials if len(partials) == 1 else ((),)
         return partial if all(kind == "add" for _, kind in partial) else ()
 
-    def _lower_while(self, op: Op) -> None:
-        """A loop-carried value has one layout (aliases in the state): operands are converted
-        to it, the condition and body are lowered once with it, body results converted back
-        to it before `stablehlo.return`."""
+    def _lower_regions(self, op: Op) -> None:
+        """`while` and `case`, whose regions are partitioned like the top level. A loop-carried
+        value (or a case result) has one layout, shared through the state's aliases: while
+        operands are converted to it, each region is lowered once with it, and the values a
+        region returns are converted to it before its terminator. Outer values a region uses
+        are converted inside it (implicit captures)."""
         layouts = [self.declared(r) for r in op.results]
-        operands = [self.use(v, lay) for v, lay in zip(op.operands, layouts)]
+        if op.name == "stablehlo.while":
+            operands = [self.use(v, lay) for v, lay in zip(op.operands, layouts)]
+        else:  # case: the branch index
+            operands = [self.use(v, self.declared(v)) for v in op.operands]
         outer = (self.em, self.converted)
         regions = []
         for index, region in enumerate(op.regions):
@@ -433,7 +438,8 @@ class _Lowering:
             for inner in block.ops[:-1]:
                 self.lower_op(inner)
             term = block.ops[-1]
-            wanted = ([self.declared(v) for v in term.operands] if index == 0 else layouts)
+            is_condition = op.name == "stablehlo.while" and index == 0
+            wanted = [self.declared(v) for v in term.operands] if is_condition else layouts
             returns = [self.use(v, lay) for v, lay in zip(term.operands, wanted)]
             local_block.ops.append(Op(term.name, returns, []))
             regions.append(Region([local_block]))
