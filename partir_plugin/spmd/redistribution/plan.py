@@ -11,7 +11,7 @@ from ...core.mesh import Mesh
 from ...errors import PartitionError
 from .factors import FactorMesh
 from .lowering import lower
-from .search import shortest_path
+from .search import shortest_paths
 from .steps import Step, describe
 from .types import DistType, normalize_spec
 
@@ -154,8 +154,11 @@ def plan_redistribution(mesh, global_shape, dtype, src_spec, dst_spec) -> Redist
     src = DistType.from_spec(fm, shape, src_spec)
     dst = DistType.from_spec(fm, shape, dst_spec)
     size = itemsize(dtype)
-    path = shortest_path(shape, fm.primes(), src.local_shape, dst.local_shape)
-    steps = lower(path, src, dst, size)
+    # Cheapest weak paths cost the same; their concrete lowerings do not (one may need a
+    # final permute where another lands every tile in place): keep the cheapest lowering.
+    candidates = [lower(path, src, dst, size) for path in shortest_paths(
+        shape, fm.primes(), src.local_shape, dst.local_shape)]
+    steps = min(candidates, key=lambda st: (sum(s.bytes_per_device for s in st), len(st)))
     return RedistributionPlan(
         mesh=fm.mesh,
         global_shape=shape,

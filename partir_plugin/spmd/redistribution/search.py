@@ -56,10 +56,10 @@ def _submultisets(c: Counter) -> list[tuple[int, ...]]:
     return out
 
 
-def shortest_path(
-    global_shape: Shape, mesh_primes: Counter, src: Shape, dst: Shape
-) -> list[WeakStep]:
-    """Cheapest sequence of weak collectives from local shape `src` to `dst` that never holds
+def shortest_paths(
+    global_shape: Shape, mesh_primes: Counter, src: Shape, dst: Shape, limit: int = 8
+) -> list[list[WeakStep]]:
+    """Cheapest sequences of weak collectives from local shape `src` to `dst` that never holds
     more than `max(prod(src), prod(dst))` elements per device."""
     bound = max(prod(src), prod(dst))
     primes = tuple(sorted(mesh_primes))
@@ -102,28 +102,48 @@ def shortest_path(
     for name, t in (("source", src), ("target", dst)):
         if counts(t) is None:
             raise PartitionError(f"{name} local shape {t} does not fit global shape {global_shape}")
-    best: dict[Shape, tuple[int, int]] = {src: (0, 0)}
-    prev: dict[Shape, WeakStep] = {}
-    heap = [(0, 0, 0, src)]
+    # Dijkstra on cost; every edge that reaches a node at its best cost is kept, so all the
+    # cheapest paths can be enumerated (their lowerings differ: some need a final permute).
+    best: dict[Shape, int] = {src: 0}
+    preds: dict[Shape, list[WeakStep]] = {src: []}
+    done: set[Shape] = set()
+    heap = [(0, 0, src)]
     tick = 0
     while heap:
-        cost, steps, _, node = heapq.heappop(heap)
-        if node == dst:
-            break
-        if best[node] < (cost, steps):
+        cost, _, node = heapq.heappop(heap)
+        if node in done or cost > best[node]:
             continue
+        if dst in best and cost > best[dst]:
+            break
+        done.add(node)
         for e in edges(node):
-            key = (cost + e.cost, steps + 1)
-            if e.after not in best or key < best[e.after]:
-                best[e.after] = key
-                prev[e.after] = e
+            c = cost + e.cost
+            if e.after not in best or c < best[e.after]:
+                best[e.after] = c
+                preds[e.after] = [e]
                 tick += 1
-                heapq.heappush(heap, (key[0], key[1], tick, e.after))
-    else:  # pragma: no cover - the graph always connects src and dst (gather down, slice up)
+                heapq.heappush(heap, (c, tick, e.after))
+            elif c == best[e.after] and e.after not in done:
+                preds[e.after].append(e)
+    if dst not in best:  # pragma: no cover - the graph always connects src and dst
         raise PartitionError(f"no redistribution from local shape {src} to {dst}")
-    path: list[WeakStep] = []
-    node = dst
-    while node != src:
-        path.append(prev[node])
-        node = prev[node].before
-    return path[::-1]
+    # Enumerate cheapest paths, fewest steps first.
+    paths: list[list[WeakStep]] = []
+    frontier: list[tuple[Shape, list[WeakStep]]] = [(dst, [])]
+    while frontier and len(paths) < limit:
+        next_frontier = []
+        for node, suffix in frontier:
+            if node == src:
+                paths.append(suffix)
+                if len(paths) >= limit:
+                    break
+                continue
+            next_frontier += [(e.before, [e, *suffix]) for e in preds[node]]
+        frontier = next_frontier[: 64 * limit]
+    return paths
+
+
+def shortest_path(global_shape: Shape, mesh_primes: Counter, src: Shape, dst: Shape
+                  ) -> list[WeakStep]:
+    """One cheapest path (fewest steps among the cheapest)."""
+    return shortest_paths(global_shape, mesh_primes, src, dst, limit=1)[0]
