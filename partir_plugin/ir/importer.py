@@ -68,6 +68,14 @@ class _Importer:
                 # Sharding annotations are jax's, not ours: the schedule decides shardings.
                 env[op.results[0]] = env[op.operands[0]]
                 continue
+            if name == "stablehlo.optimization_barrier" and len(op.operands) > 1:
+                # One barrier per value: each stays fenced, and each can be tiled on its own
+                # (a joint barrier would need one TMR entry per combination of dimensions).
+                for r, v in zip(op.results, op.operands):
+                    single = Op(name, [env[v]], [_type(r.type)])
+                    out.append(single)
+                    env[r] = single.results[0]
+                continue
             if name == "func.call":
                 callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
                 inner = self.funcs[callee].regions[0].blocks[0]

@@ -49,6 +49,14 @@ def elementwise_rule(op: Op) -> list[TMREntry] | None:
             for d, size in enumerate(shape) if size > 1]
 
 
+def identity_rule(op: Op) -> list[TMREntry] | None:
+    # A single-value identity (the importer splits multi-value optimization barriers).
+    if len(op.operands) != 1 or not op.operands[0].type.is_tensor:
+        return None
+    return [TMREntry((d,), (d,), size) for d, size in enumerate(op.operands[0].type.shape)
+            if size > 1]
+
+
 def dynamic_update_slice_rule(op: Op) -> list[TMREntry]:
     # Only dimensions the update covers entirely: the start index is then clamped to 0.
     operand, update = op.operands[0].type.shape, op.operands[1].type.shape
@@ -62,5 +70,6 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     registry.register("stablehlo.constant", constant_rule)
     registry.register("stablehlo.iota", iota_rule)
     registry.register("stablehlo.dynamic_update_slice", dynamic_update_slice_rule)
+    registry.register("stablehlo.optimization_barrier", identity_rule)
     for name in CHLO_ELEMENTWISE:
         registry.register(name, elementwise_rule)
