@@ -347,23 +347,35 @@ def section(rows: list[Row], s: dict, spec_line: str, runs: int) -> str:
         f"- Step time: Spearman rank correlation {s['rho']:.3f} (target >= {RANK_TARGET}); "
         f"{'meets' if s['rho'] >= RANK_TARGET else 'misses'} the target.",
         "",
-        "Where it falls short, and why (observations on this host; the causes are our reading "
-        "of the figures, not verified inside XLA):",
+        "What the memory model reproduces of XLA's buffer assignment (checked against the "
+        "buffer-assignment dumps, `--xla_dump_to`, of these programs): temporaries are placed in "
+        "output buffers that are written after they die (XLA assigns live-out buffers first, "
+        "then fits the other buffers, largest first, into allocations whose occupants do not "
+        "overlap them; only the rest goes to the temp heap): on the 4-layer MLPs nearly all "
+        "activations and reduced gradients live in the new parameters' and optimizer moments' "
+        "buffers; an elementwise kernel takes over an input's buffer only when it reads that "
+        "input elementwise (not through a transpose); a `reduce_scatter` over an inner "
+        "dimension copies its operand into a scattered-dimension-major layout first, the "
+        "operand and the copy live at once (the Z2/Z3 weight gradients of the MLPs).",
         "",
-        "- Memory is over-estimated for schedules whose gradients end in many `all_reduce`s "
-        "(BP, BP+MP of the 4-layer MLPs, Z2): the simulator gives every collective result a new "
-        "temporary buffer, while XLA:CPU can run an all-reduce in place and combines small ones, "
-        "so the reduced gradients share buffers there.",
-        "- Memory is under-estimated for Z3 on the 2-layer, 1024-wide MLP and the transformer: "
-        "the simulator orders kernels greedily to free memory early (its list-scheduler "
-        "heuristic), so an all-gathered parameter dies right after its matmul; XLA's schedule "
-        "keeps some gathered weights (4 MiB each here) alive longer. One extra live weight is "
-        "the whole 25% gap.",
-        "- Step time: the absolute error is up to about 2x (est/measured column) because 8 "
+        "Where it falls short, and why:",
+        "",
+        "- Memory is under-estimated for Z3 on the transformer: XLA:CPU's temp heap there "
+        "holds many 128-256 KiB buffers the simulator does not create: layout copies around the "
+        "attention and weight-gradient matmuls (`transpose_copy`/`copy_bitcast`/`wrapped_copy` "
+        "fusions: XLA:CPU's matmuls want their batch dimensions major and row-major operands, "
+        "so a transpose feeding or following a matmul is materialised, sometimes next to its "
+        "source) and pad/concatenate fusions of the attention projections. The simulator "
+        "treats such transposes as fused or free; modelling XLA:CPU's layout assignment for "
+        "every matmul is not done.",
+        "- The simulator orders kernels with its own memory-first list-scheduling heuristic, "
+        "not XLA's schedule, so which temporary can wait in which output buffer sometimes "
+        "differs (the remaining few-percent errors of the MLP cases, in both directions).",
+        "- Step time: the absolute error is up to about 3x (est/measured column) because 8 "
         "virtual devices share the host's cores (their kernels and the `host` link contend; the "
         "calibration measures them while all run, but not with every op mix), and XLA:CPU's "
         "per-op speed differs from one roofline figure for all matmul shapes. The ratio moves "
-        "with the load on the host: est/measured ranged 0.4-2.0 over our runs, the rank "
+        "with the load on the host: est/measured ranged 0.4-3.1 over our runs, the rank "
         "correlation 0.93-0.96 (0.85 before the runs were interleaved). Rank order is what the "
         "simulator is for (choosing between schedules); with 2 shared cores the measurements "
         "themselves vary by 10-30% between runs, which limits the correlation that can be "

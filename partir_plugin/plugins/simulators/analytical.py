@@ -9,11 +9,14 @@ a communication stream; without overlap the two are one stream.
 
 Peak memory follows XLA's accounting: arguments and outputs are held for the whole program
 (the runtime allocates outputs before it starts), temporaries from the kernel defining them to
-their last reader, fused intermediates never. An elementwise kernel, an in-place update or a
-while loop reuses the buffer of a same-sized temporary input read for the last time (XLA's
-buffer sharing). A `while` costs its body and condition times the trip count when the loop is a
-counted loop (`i = c0; i < c1; i += c2`, as `fori_loop`/`scan` emit), else once; a
-`case`/`if` costs its most expensive branch.
+their last reader, fused intermediates never. An elementwise kernel reuses the buffer of a
+temporary input it reads elementwise for the last time, an in-place update or a while loop its
+operand's (XLA's buffer sharing); a temporary that dies before an output is written lives in
+that output's buffer (XLA's buffer assignment fills live-out allocations first); a
+reduce_scatter over an inner dimension first copies its operand (XLA's layout assignment).
+A `while` costs its body and condition times the trip count when the loop is a counted loop
+(`i = c0; i < c1; i += c2`, as `fori_loop`/`scan` emit), else once; a `case`/`if` costs its most
+expensive branch.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .opcost import short_name
 
 TERMINATORS = frozenset({"return"})
 SIDE_EFFECTS = frozenset({"custom_call", "outfeed", "send", "recv", "infeed"})
-_REUSING_ROOTS = opcost.ELEMENTWISE | opcost.TRANSCENDENTAL | opcost.IN_PLACE | {"while"}
+_ELEMENTWISE = opcost.ELEMENTWISE | opcost.TRANSCENDENTAL
 
 
 def _nbytes(v: Value) -> int:
@@ -51,6 +54,8 @@ class _Kernel:
     compute_s: float = 0.0
     comm_s: float = 0.0
     transient: int = 0
+    # Inputs whose buffer the result may take over when read for the last time.
+    shareable: tuple[Value, ...] = ()
 
 
 @dataclass
@@ -197,7 +202,14 @@ class _Analyser:
                 for r, v in zip(op.results, op.operands):
                     owner[r] = owner.get(v, v)
                 continue
+            copy = _layout_copy(op)
+            if copy is not None:  # XLA's layout assignment: a transposing copy of the operand
+                kernels.append(self._kernel(copy, fused, claimed, cost))
+                owner[copy.results[0]] = copy.results[0]
+                kinds[copy.results[0]] = "temp"
             kernels.append(self._kernel(op, fused, claimed, cost))
+            if copy is not None:
+                kernels[-1].inputs = [copy.results[0]]
             for r in op.results:
                 owner[r] = r
                 kinds[r] = "temp"
@@ -266,7 +278,7 @@ class _Analyser:
         cost.kernels += 1
         cost.compute_s += duration
         return _Kernel(root, list(reads), list(root.results), "compute", duration,
-                       compute_s=duration)
+                       compute_s=duration, shareable=_shareable_inputs(root, members, reads))
 
     def _compound(self, op: Op, cost: _BlockCost) -> _Kernel:
         """A while loop (body + condition, times the trip count) or the costliest branch."""
@@ -283,7 +295,8 @@ class _Analyser:
                                    else []) for r in op.regions]
             chosen, times = [max(branches, key=lambda b: b.runtime)], 1
             parts = branches
-        k = _Kernel(op, list(op.inputs), list(op.results), "both")
+        k = _Kernel(op, list(op.inputs), list(op.results), "both",
+                    shareable=tuple(op.inputs) if short_name(op) == "while" else ())
         for part in chosen:
             k.duration += times * part.runtime
             k.compute_s += times * part.compute_s
@@ -359,18 +372,25 @@ class _Analyser:
 
         # Physical buffers, with in-place reuse of same-sized temporaries read for the last time.
         phys: dict[Value, list[int]] = {}  # owner -> [size, start, end] (shared when reused)
+        outputs: list[list[int]] = []  # top level: [size, first use] of returned temporaries
         for p, j in enumerate(order):
             k = kernels[j]
             dying = [o for o in reads[j] if o in phys and last[o] == p and o not in held]
             for r in k.outputs:
                 donor = None
-                if short_name(k.root) in _REUSING_ROOTS:
-                    donor = next((o for o in dying if phys[o][0] == _nbytes(r)), None)
+                if k.shareable:
+                    share = {owner.get(v, v) for v in k.shareable}
+                    donor = next((o for o in dying if o in share and phys[o][0] == _nbytes(r)),
+                                 None)
                 if not counted(r):
+                    start = p
                     if donor is not None and r in held:
                         # XLA places the donor in the output's buffer: never a temporary.
                         dying.remove(donor)
+                        start = phys[donor][1]
                         phys[donor][0] = 0
+                    if top and r in held and kinds.get(r) == "temp":
+                        outputs.append([_nbytes(r), start])
                     continue
                 if donor is not None:
                     dying.remove(donor)
@@ -378,8 +398,11 @@ class _Analyser:
                     phys[r][2] = max(phys[r][2], last[r])
                 else:
                     phys[r] = [_nbytes(r), p, last[r]]
+        buffers = [b for b in {id(b): b for b in phys.values()}.values() if b[0]]
+        if top:
+            buffers = _share_output_allocations(buffers, outputs, n)
         delta = [0] * (n + 2)
-        for size, start, stop in {id(b): b for b in phys.values()}.values():
+        for size, start, stop in buffers:
             delta[start] += size
             delta[stop + 1] -= size
         live = 0
@@ -387,6 +410,80 @@ class _Analyser:
             live += delta[p]
             extra = kernels[order[p]].transient if p < n else 0
             cost.temp_peak = max(cost.temp_peak, live + extra)
+
+
+def _layout_copy(op: Op) -> Op | None:
+    """The copy XLA inserts before a `reduce_scatter` over a dimension that is not the
+    outermost: the collective works on contiguous chunks, so layout assignment gives its operand
+    a layout with the scattered dimension major, and the producer's row-major result is copied
+    into it (the operand and the copy are live together). A transpose of the result back is a
+    free bitcast. None when no copy is needed (every dimension before it has size 1)."""
+    if communication_kind(op) != "reduce_scatter" or len(op.operands) != 1:
+        return None
+    m = re.match(r"\s*(\d+)", op.attributes.get("scatter_dimension", "0"))
+    dim = int(m.group(1)) if m else 0
+    operand = op.operands[0]
+    if not operand.type.is_tensor or math.prod(operand.type.shape[:dim]) <= 1:
+        return None
+    return Op("stablehlo.copy", [operand], [operand.type])
+
+
+def _shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tuple[Value, ...]:
+    """Inputs a kernel may overwrite in place, as XLA's CanShareOperandBufferWithUser allows:
+    the updated operand of `dynamic_update_slice`/`scatter`, and for an elementwise kernel the
+    inputs of the result's shape that every fused op reading them uses elementwise on the way
+    to the root (an input read through a transpose, broadcast, slice or reduction is not)."""
+    name = short_name(root)
+    if name in opcost.IN_PLACE:
+        return (root.operands[0],)
+    if name not in _ELEMENTWISE or len(root.results) != 1:
+        return ()
+    shape = root.results[0].type.shape
+    inside = set(members)
+    users: dict[Op, list[Op]] = {}
+    for m in members:
+        for v in m.inputs:
+            if v.producer in inside:
+                users.setdefault(v.producer, []).append(m)
+    ok: dict[Op, bool] = {}
+
+    def elementwise_path(m: Op) -> bool:  # m's result reaches the root only elementwise
+        if m not in ok:
+            ok[m] = m is root or (
+                short_name(m) in _ELEMENTWISE and len(m.results) == 1
+                and m.results[0].type.shape == shape
+                and all(elementwise_path(u) for u in users.get(m, [])))
+        return ok[m]
+
+    return tuple(v for v in reads if v.type.is_tensor and v.type.shape == shape and all(
+        elementwise_path(m) for m in members if v in m.inputs))
+
+
+def _share_output_allocations(buffers: list[list[int]], outputs: list[list[int]],
+                              end: int) -> list[list[int]]:
+    """Place temporaries in output buffers before the outputs are written; return the rest.
+
+    XLA's buffer assignment gives every live-out value an allocation of its own, then assigns
+    the other buffers, largest first (earlier definition breaking ties), to an existing
+    allocation at least as large whose occupants' live ranges do not overlap theirs, trying the
+    smallest such allocation first; only what finds no place goes to the temp heap. An output
+    is occupied only from its first write to the end, so e.g. activations that die before the
+    optimizer writes the new parameters live in the parameters' output buffers.
+    `buffers` are [size, first, last] positions in the kernel order (inclusive), `outputs`
+    [size, first write].
+    """
+    allocs = sorted(((size, start) for size, start in outputs), key=lambda a: (-a[0], a[1]))
+    occupied = [[(start, end)] for _, start in allocs]
+    rest = []
+    for b in sorted(buffers, key=lambda b: (-b[0], b[1])):
+        size, first, last = b
+        for i in range(len(allocs) - 1, -1, -1):  # smallest (latest created) first
+            if allocs[i][0] >= size and all(last < s or first > e for s, e in occupied[i]):
+                occupied[i].append((first, last))
+                break
+        else:
+            rest.append(b)
+    return rest
 
 
 def _memory_order(kernels: list[_Kernel], reads: list[list[Value]], produced: dict[Value, int],
