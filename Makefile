@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-redistribution clean
+.PHONY: setup demo test lint bench-redistribution bench-step-time clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ lint: $(STAMP)
 
 bench-redistribution: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/redistribution.py
+
+bench-step-time: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/step_time.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
