@@ -14,10 +14,11 @@ from .runtime.executable import DeviceLocalExecutable, jax_mesh_for
 
 
 def _avals_key(leaves, treedef) -> tuple:
+    """What a compiled program is specialised on: the pytree structure, shapes and dtypes."""
     import numpy as np
 
-    return (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x))))
-                           for x in leaves))
+    return (treedef, tuple((x.shape, x.dtype) if hasattr(x, "dtype") and hasattr(x, "shape")
+                           else (np.shape(x), np.result_type(x)) for x in leaves))
 
 
 @dataclass
@@ -37,6 +38,11 @@ class Compiled:
         key = _avals_key(leaves, treedef)
         if key != self.key:
             raise InputMismatchError(_describe_mismatch(self.key, key, self.traced))
+        return self._run(args, leaves)
+
+    def _run(self, args, leaves):
+        import jax
+
         outs = self.executable(leaves)
         if self.donate:
             for i in self._donated_leaf_indices(args):
@@ -126,7 +132,13 @@ class PartitionedFunction:
         m.device_local_stablehlo = c.as_text()
 
     def __call__(self, *args):
-        return self.lower(*args)(*args)
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        compiled = self._cache.get(_avals_key(leaves, treedef))
+        if compiled is None:
+            compiled = self.lower(*args)
+        return compiled._run(args, leaves)
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
