@@ -3,6 +3,7 @@ partial sums. This is a value's distributed type at the PartIR:HLO level."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..core.mesh import Mesh
@@ -29,10 +30,7 @@ class Layout:
         return {a for d in self.dims for a in d}
 
     def local_type(self, global_type: TensorType, mesh: Mesh) -> TensorType:
-        if not global_type.is_tensor:
-            return global_type
-        return global_type.with_shape(tuple(s // mesh.product(d)
-                                            for s, d in zip(global_type.shape, self.dims)))
+        return _local_type(self.dims, global_type, mesh)
 
     def spec(self):
         """The equivalent `jax.sharding.PartitionSpec`."""
@@ -47,3 +45,12 @@ class Layout:
         dims = ", ".join("{" + ",".join(d) + "}" for d in self.dims)
         part = (" sum" + str([a for a, _ in self.partial])) if self.partial else ""
         return f"[{dims}]{part}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _local_type(dims, global_type: TensorType, mesh: Mesh) -> TensorType:
+    # Lowering and simulation ask this for every value after every tactic: memoised.
+    if not global_type.is_tensor:
+        return global_type
+    return global_type.with_shape(tuple(s // mesh.product(d)
+                                        for s, d in zip(global_type.shape, dims)))
