@@ -27,12 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-
+import harness  # noqa: E402,F401  (before jax: 8 CPU devices, repo root on sys.path)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
@@ -44,7 +39,7 @@ from partir_plugin.spmd.reshard import compiled as reshard_executable  # noqa: E
 from partir_plugin.spmd.reshard import reshard  # noqa: E402
 
 MESH = {"a": 2, "b": 2, "c": 2}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.ROOT
 COMMAND = "make bench-redistribution"
 
 _BYTES = {
@@ -324,16 +319,6 @@ def summarize(rows: list[dict], args, elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    m = re.search(r"^## Redistribution\b.*?(?=^## |\Z)", text, flags=re.S | re.M)
-    if m:
-        text = text[: m.start()] + section + "\n" + text[m.end() :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", type=int, default=200)
@@ -362,7 +347,7 @@ def main(argv=None) -> int:
             flush=True,
         )
     section = summarize(rows, args, time.perf_counter() - start)
-    write_section(args.out, section)
+    harness.write_section("## Redistribution", section, args.out)
     print(section.split("<details>")[0])
     return 0
 

@@ -18,26 +18,19 @@ writes them into docs/BENCHMARKS.md under "## Simulator accuracy" (only that sec
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
+import platform
+import statistics
+import subprocess
 import sys
+import time
+from pathlib import Path
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import harness  # noqa: E402,F401  (before jax: 8 CPU devices, repo root on sys.path)
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = harness.ROOT
 
 COMMAND = ".venv/bin/python benchmarks/simulator_accuracy.py"
 HEADING = "## Simulator accuracy"
@@ -385,19 +378,6 @@ def section(rows: list[Row], s: dict, spec_line: str, runs: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path) -> None:
-    """Replace only the "## Simulator accuracy" section; re-read the file just before writing
-    (another section of the same file may have changed meanwhile)."""
-    current = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    block = text.rstrip("\n") + "\n\n"
-    if pattern.search(current):
-        new = pattern.sub(lambda _: block, current, count=1)
-    else:
-        new = current.rstrip("\n") + "\n\n" + block
-    path.write_text(new.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="timed runs per case (default 10)")
@@ -444,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if not args.no_write:
-        write_section(text, args.output)
+        harness.write_section(HEADING, text, args.output)
         print(f"wrote the {HEADING!r} section of {args.output}")
     return 0
 

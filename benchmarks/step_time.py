@@ -31,26 +31,20 @@ docs/BENCHMARKS.md (only that section is replaced; the file is re-read just befo
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
 import os
+import platform
+import re
+import statistics
 import sys
+import time
+from pathlib import Path
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import harness  # noqa: E402,F401  (before jax: 8 CPU devices, repo root on sys.path)
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = harness.ROOT
 
 COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python "
            "benchmarks/step_time.py")
@@ -461,25 +455,6 @@ def analysis(cases: list[Case]) -> list[str]:
     return lines
 
 
-def write_section(text: str, path: Path) -> None:
-    """Replace only this section; re-read the file just before writing (other sections of the
-    same file may have changed meanwhile). A hand-written analysis after the
-    `<!-- analysis -->` marker of an existing section is kept."""
-    current = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    old = pattern.search(current)
-    block = text.rstrip("\n") + "\n"
-    if old and "<!-- analysis -->" in old.group(0):
-        block = block.split("<!-- analysis -->")[0] + "<!-- analysis -->" + \
-            old.group(0).split("<!-- analysis -->", 1)[1].rstrip("\n") + "\n"
-    block += "\n"
-    if old:
-        new = current[:old.start()] + block + current[old.end():]
-    else:
-        new = current.rstrip("\n") + "\n\n" + block
-    path.write_text(new.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="timed runs per side (default 20)")
@@ -514,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if not args.no_write:
-        write_section(text, args.output)
+        harness.write_section(HEADING, text, args.output)
         print(f"wrote the {HEADING!r} section of {args.output}")
     return 0
 

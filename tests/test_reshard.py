@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from paper_examples import FIG_13
 
 import partir_plugin as partir
 from partir_plugin.errors import PartitionError
@@ -85,12 +86,6 @@ def test_example_3_1_is_plan_only_on_24_devices():
     assert "all_gather" not in [s.kind for s in plan.steps]
 
 
-FIG_13 = {
-    "P1": ("[360, 184{c:2}368, 320]", "[90{c:2,a:2}360, 368, 160{b:2}320]"),
-    "P2": ("[80, 40{c:2}80, 72, 64]", "[40{b:2}80, 80, 36{c:2}72, 64]"),
-    "P3": ("[296, 360, 156{c:2}312]", "[74{b:2,c:2}296, 180{a:2}360, 312]"),
-    "P4": ("[8{c:2}16, 16, 16, 8{a:2}16, 16, 8{b:2}16]", "[16, 16, 16, 16, 16, 8{a:2}16]"),
-}
 
 
 @pytest.mark.parametrize("name", sorted(FIG_13))

@@ -1,0 +1,41 @@
+"""What every benchmark script shares. Import it before jax: it asks for 8 virtual CPU
+devices (unless XLA_FLAGS already sets a count), puts the repository root on sys.path (for
+`benchmarks.models`), and writes one section of docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BENCHMARKS_MD = ROOT / "docs" / "BENCHMARKS.md"
+ANALYSIS_MARKER = "<!-- analysis -->"
+
+
+def write_section(heading: str, text: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace the section starting at `heading` (or append it), re-reading the file just
+    before writing since other benchmarks write other sections. A hand-written analysis after
+    `<!-- analysis -->` in the existing section is kept."""
+    current = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    old = pattern.search(current)
+    block = text.rstrip("\n") + "\n"
+    if old and ANALYSIS_MARKER in old.group(0) and ANALYSIS_MARKER in block:
+        block = (block.split(ANALYSIS_MARKER)[0] + ANALYSIS_MARKER
+                 + old.group(0).split(ANALYSIS_MARKER, 1)[1].rstrip("\n") + "\n")
+    block += "\n"
+    if old:
+        new = current[: old.start()] + block + current[old.end():]
+    else:
+        new = current.rstrip("\n") + "\n\n" + block
+    path.write_text(new.rstrip("\n") + "\n")
