@@ -1,0 +1,67 @@
+"""Edge conversions of the lowering (paper 1 §6): which collectives each layout change emits."""
+
+from __future__ import annotations
+
+import pytest
+
+from partir_plugin.core.mesh import Mesh
+from partir_plugin.ir.graph import Block
+from partir_plugin.ir.types import TensorType
+from partir_plugin.spmd.collectives import collective_axes, collective_kind
+from partir_plugin.spmd.layout import Layout
+from partir_plugin.spmd.lowering import _Emitter, convert
+
+MESH = Mesh.of({"a": 4, "b": 2})
+GLOBAL = TensorType((32, 16), "f32")
+
+
+def _convert(src: Layout, dst: Layout):
+    block = Block()
+    em = _Emitter(MESH, block)
+    x = block.add_arg(src.local_type(GLOBAL, MESH))
+    y = convert(em, x, src, dst)
+    kinds = [(collective_kind(op), collective_axes(op)) for op in block.ops
+             if collective_kind(op)]
+    return kinds, y.type.shape
+
+
+CASES = [
+    # tile -> full: all_gather
+    (Layout(((("a",)), ())), Layout(((), ())), [("all_gather", ("a",))], (32, 16)),
+    # full -> tile: all_slice, no communication
+    (Layout(((), ())), Layout((("a",), ("b",))), [("all_slice", ("a", "b"))], (8, 8)),
+    # all_slice(all_gather) across dimensions fuses into one all_to_all
+    (Layout((("a",), ())), Layout(((), ("a",))), [("all_to_all", ("a",))], (32, 4)),
+    # sum -> full: all_reduce
+    (Layout(((), ()), (("a", "add"),)), Layout(((), ())), [("all_reduce", ("a",))], (32, 16)),
+    # all_slice(all_reduce) fuses into reduce_scatter
+    (Layout(((), ()), (("a", "add"),)), Layout((("a",), ())),
+     [("reduce_scatter", ("a",))], (8, 16)),
+    # the minor axis of a deep tiling is gathered alone; the major one stays
+    (Layout((("a", "b"), ())), Layout((("a",), ())), [("all_gather", ("b",))], (8, 16)),
+    # sums over two axes, one scattered, one reduced
+    (Layout(((), ()), (("a", "add"), ("b", "add"))), Layout(((), ("b",))),
+     [("all_reduce", ("a",)), ("reduce_scatter", ("b",))], (32, 8)),
+]
+
+
+@pytest.mark.parametrize("src,dst,expected,local", CASES)
+def test_conversion_emits_the_fused_collective(src, dst, expected, local):
+    kinds, shape = _convert(src, dst)
+    assert kinds == expected
+    assert shape == local
+
+
+def test_identity_conversion_emits_nothing():
+    layout = Layout((("a",), ("b",)))
+    assert _convert(layout, layout) == ([], (8, 8))
+
+
+def test_reordered_axes_go_through_the_redistribution_planner():
+    """(a, b) -> (b, a) on one dimension is not one gather/slice: the planner takes it,
+    within max(source tile, target tile)."""
+    kinds, shape = _convert(Layout((("a", "b"), ())), Layout((("b", "a"), ())))
+    # Every device already holds a tile of the right size, only on the wrong device: one
+    # collective_permute, never a gather to the full dimension.
+    assert kinds == [("all_permute", ("a", "b"))]
+    assert shape == (4, 16)
