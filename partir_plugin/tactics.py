@@ -131,14 +131,15 @@ class AutomaticPartition:
         available[self.searcher](budget=self.budget, **self.options).search(ctx, self.axes)
 
 
-def tactic(name: str, **kwargs) -> Any:
-    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")`."""
+def tactic(preset: str, /, **kwargs) -> Any:
+    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")`; keyword
+    arguments (including `name`, the report's label) go to the preset's factory."""
     from .kernel import tactic_factories
 
     factories = tactic_factories()
-    if name not in factories:
-        raise PartitionError(f"no tactic preset {name!r} (available: {sorted(factories)})")
-    return factories[name](**kwargs)
+    if preset not in factories:
+        raise PartitionError(f"no tactic preset {preset!r} (available: {sorted(factories)})")
+    return factories[preset](**kwargs)
 
 
 Tactic = Callable[[TacticContext], None] | ManualPartition | AutomaticPartition

@@ -202,3 +202,39 @@ def test_non_flax_frontend_equinox_with_typed_keys():
     assert jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(ref_key))
     assert meta.tactics[0].collectives["all_reduce"] == len(jax.tree.leaves(params)) + 1
+
+
+def test_vocabulary_sharded_embedding_is_a_masked_gather_plus_sum():
+    """A table tiled on the vocabulary: each device looks up the ids in its rows (others give
+    zeros, ids clamped first as the global gather clamps) and one all_reduce adds them."""
+    table = jax.random.normal(jax.random.PRNGKey(0), (32, 8))
+    ids = jax.random.randint(jax.random.PRNGKey(1), (4, 6), -40, 40)  # out of range too
+
+    def lookup(table, ids):
+        return table[ids] * 2.0
+
+    step, meta = partir.jit(lookup, MESH, [partir.ManualPartition({"table": 0}, axis="batch")])
+    np.testing.assert_array_equal(np.asarray(step(table, ids)),
+                                  np.asarray(jax.jit(lookup)(table, ids)))
+    assert meta.tactics[0].collectives == dict(all_gather=0, all_reduce=1, reduce_scatter=0,
+                                               all_to_all=0, all_permute=0)
+    assert meta.in_shardings[0].spec == jax.sharding.PartitionSpec("batch")
+
+
+def test_transformer_embedding_sharded_on_vocabulary():
+    """EMB on dim 0 after BP: the lookup adds exactly one all_reduce; the table's gradient
+    (a scatter-add into zeros) is computed whole and sliced locally, no communication."""
+    cfg = dataclasses.replace(transformer.Config.small(layers=2), batch=8)
+    params, _, batch = transformer.init(cfg, jax.random.PRNGKey(0))
+
+    def gradients(params, batch):
+        return jax.grad(lambda p: transformer.loss_fn(cfg, p, batch))(params)
+
+    emb = partir.tactic("EMB", axis="model", dim=0, name="EMB-vocab")
+    step, meta = partir.jit(gradients, MESH, [BP, emb])
+    assert _max_diff(step(params, batch), jax.jit(gradients)(params, batch)) < 1e-5
+    bp, vocab = (t.collectives for t in meta.tactics)
+    assert vocab == {**bp, "all_reduce": bp["all_reduce"] + 1}
+    assert meta.in_shardings[0]["embed"]["embedding"].spec == jax.sharding.PartitionSpec(
+        "model")
+    assert meta.in_shardings[0]["unembed"]["kernel"].spec == jax.sharding.PartitionSpec()

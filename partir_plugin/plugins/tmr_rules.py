@@ -3,8 +3,9 @@ partitioned op needs a lowering that Shardy's rule does not describe (DESIGN.md 
 
 from __future__ import annotations
 
-from ..core.shardy_rules import splat_value
-from ..core.tmr import TileMappingRegistry, TMREntry
+from ..core.gather import lookup_dim
+from ..core.shardy_rules import entries_from_shardy, splat_value
+from ..core.tmr import Sum, TileMappingRegistry, TMREntry
 from ..hookspecs import hookimpl
 from ..ir.graph import Op
 
@@ -57,6 +58,16 @@ def identity_rule(op: Op) -> list[TMREntry] | None:
             if size > 1]
 
 
+def gather_rule(op: Op) -> list[TMREntry] | None:
+    # Shardy's pass-through entries, plus for an embedding lookup the vocabulary entry: each
+    # tile of the table answers the ids that fall in it (zeros elsewhere), the tiles add up.
+    entries = entries_from_shardy(op)
+    k = lookup_dim(op)
+    if entries is None or k is None:
+        return entries
+    return [*entries, TMREntry((k, None), (Sum("add"),), op.operands[0].type.shape[k])]
+
+
 def dynamic_update_slice_rule(op: Op) -> list[TMREntry]:
     # Only dimensions the update covers entirely: the start index is then clamped to 0.
     operand, update = op.operands[0].type.shape, op.operands[1].type.shape
@@ -71,5 +82,6 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     registry.register("stablehlo.iota", iota_rule)
     registry.register("stablehlo.dynamic_update_slice", dynamic_update_slice_rule)
     registry.register("stablehlo.optimization_barrier", identity_rule)
+    registry.register("stablehlo.gather", gather_rule)
     for name in CHLO_ELEMENTWISE:
         registry.register(name, elementwise_rule)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..core.gather import lookup_dim, offset_dims
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
@@ -393,8 +394,16 @@ class _Lowering:
         attrs = dict(op.attributes)
         _rewrite_attributes(op, attrs, operands, result_types)
         regions = [_clone_region(r, env) for r in op.regions]
+        k = lookup_dim(op)
+        vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
+        if vocab_axes:
+            operands = [operands[0], self._local_ids(op, operands[0], operands[1], k,
+                                                     vocab_axes)]
         new = self.em.emit(op.name, operands, result_types, attrs, regions)
         results = new.results
+        if vocab_axes:
+            results = [self._zero_foreign_rows(op, new.results[0], operands[1],
+                                               operands[0].type.shape[k])]
         if op.name == "stablehlo.iota":
             results = [self._offset_iota(op, new.results[0], produced[0])]
         for r, x, lay in zip(op.results, results, produced):
@@ -449,6 +458,57 @@ class _Lowering:
                            dict(op.attributes), regions)
         for r, x, lay in zip(op.results, new.results, layouts):
             self.local[r] = (x, lay)
+
+    def _local_ids(self, op: Op, table: Value, ids: Value, k: int, axes) -> Value:
+        """Ids shifted into this device's tile of the vocabulary (clamped first as the global
+        gather clamps); ids outside the tile stay out of its range [0, tile)."""
+        em, rows = self.em, table.type.shape[k]
+        vocab = op.operands[0].type.shape[k]
+        t = ids.type
+
+        def full(value: Value) -> Value:
+            return em.emit("stablehlo.broadcast_in_dim", [value], [t],
+                           {"broadcast_dimensions": _i64_array([])}).results[0]
+
+        def scalar(n: int) -> Value:
+            return em.emit("stablehlo.constant", [], [TensorType((), t.element)],
+                           {"value": f"dense<{n}> : tensor<{t.element}>"}).results[0]
+        clamped = em.emit("stablehlo.clamp", [full(scalar(0)), ids, full(scalar(vocab - 1))],
+                          [t]).results[0]
+        start = em.per_device([i * rows for i in em.block_index(axes)])
+        start = em.emit("stablehlo.convert", [start], [TensorType((), t.element)]).results[0]
+        return em.emit("stablehlo.subtract", [clamped, full(start)], [t]).results[0]
+
+    def _zero_foreign_rows(self, op: Op, gathered: Value, local_ids: Value, rows: int
+                           ) -> Value:
+        """Rows whose id is not in this tile (of `rows` rows) are zero, so the tiles' partial
+        results add up."""
+        em, t = self.em, local_ids.type
+        lo = em.emit("stablehlo.constant", [], [TensorType((), t.element)],
+                     {"value": f"dense<0> : tensor<{t.element}>"}).results[0]
+        hi = em.emit("stablehlo.constant", [], [TensorType((), t.element)],
+                     {"value": f"dense<{rows}> : tensor<{t.element}>"}).results[0]
+        pred_t = TensorType(t.shape, "i1")
+        bcast = {"broadcast_dimensions": _i64_array([])}
+        lo = em.emit("stablehlo.broadcast_in_dim", [lo], [t], bcast).results[0]
+        hi = em.emit("stablehlo.broadcast_in_dim", [hi], [t], bcast).results[0]
+        ge = em.emit("stablehlo.compare", [local_ids, lo], [pred_t],
+                     {"comparison_direction": "#stablehlo<comparison_direction GE>"}).results[0]
+        lt = em.emit("stablehlo.compare", [local_ids, hi], [pred_t],
+                     {"comparison_direction": "#stablehlo<comparison_direction LT>"}).results[0]
+        inside = em.emit("stablehlo.and", [ge, lt], [pred_t]).results[0]
+        # indices [..., 1] -> the result's batch dimensions (those not in offset_dims).
+        squeezed_t = TensorType(t.shape[:-1], "i1")
+        inside = em.emit("stablehlo.reshape", [inside], [squeezed_t]).results[0]
+        out_t = gathered.type
+        batch_dims = [d for d in range(out_t.rank) if d not in offset_dims(op)]
+        mask = em.emit("stablehlo.broadcast_in_dim", [inside], [TensorType(out_t.shape, "i1")],
+                       {"broadcast_dimensions": _i64_array(batch_dims)}).results[0]
+        literal = "0.000000e+00" if out_t.element.startswith(("f", "bf")) else "0"
+        zero = em.emit("stablehlo.constant", [], [TensorType((), out_t.element)],
+                       {"value": f"dense<{literal}> : tensor<{out_t.element}>"}).results[0]
+        zero = em.emit("stablehlo.broadcast_in_dim", [zero], [out_t], bcast).results[0]
+        return em.emit("stablehlo.select", [mask, gathered, zero], [out_t]).results[0]
 
     def _offset_iota(self, op: Op, local: Value, layout: Layout) -> Value:
         dim = int(op.attributes["iota_dimension"].split(":")[0])

@@ -43,13 +43,15 @@ def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_sta
                            axis=axis, name=name)
 
 
-def embedding(axis: str = "model", params: str = "params", match: str = "embed",
+def embedding(axis: str = "model", params: str = "params", match: str = "embedding",
               dim: int = -1, name: str = "EMB") -> ManualPartition:
-    """EMB: tile embedding tables (parameters whose path contains `match`) on their feature
-    dimension `dim` (d_model), which partitions the activations that flow from them."""
+    """EMB: tile embedding tables (parameters with a path component equal to `match`; Flax's
+    `nn.Embed` names its table "embedding") on dimension `dim`: -1, d_model, partitions the
+    activations that flow from the lookup; 0, the vocabulary, makes each lookup a masked local
+    gather whose partial results are summed."""
 
     def rule(path: str, shape: tuple) -> int | None:
-        return dim % len(shape) if match in path and len(shape) >= 2 else None
+        return dim % len(shape) if match in path.split("/") and len(shape) >= 2 else None
 
     return ManualPartition({params: rule}, axis=axis, name=name)
 
