@@ -112,6 +112,7 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
     program = None
     for tactic in schedule:
         ctx = TacticContext(state, leaves, arg_names)
+        ctx.hardware = hardware  # what searchers cost their candidates on
         if callable(tactic) and not hasattr(tactic, "apply"):
             tactic(ctx)
             name = getattr(tactic, "__name__", "tactic")

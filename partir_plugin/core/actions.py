@@ -39,6 +39,7 @@ class TacticContext:
         self.state = state
         self.leaves = leaves
         self._arg_names = arg_names
+        self.hardware = None  # the jit's hardware spec (name or object), for searchers
         self.actions: list[str] = []
         self._touched: list[Value] = []
 

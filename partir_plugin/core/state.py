@@ -8,6 +8,7 @@ earlier axis is the major one). Actions only ever append: nothing undoes an earl
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from ..errors import PartitionError
@@ -47,6 +48,19 @@ class PartitionState:
         self.tags = {**self.func.tags, **self.tags}
         self.aliases = _loop_carried_aliases(self.func)
         self._reported: set[tuple[Op, str]] = set()
+
+    def copy(self) -> PartitionState:
+        """An independent copy for trying actions (searchers): the decision containers and their
+        inner lists are copied; the function, mesh, registry and derived maps are shared."""
+        new = copy.copy(self)
+        new.tiling = {v: list(t) for v, t in self.tiling.items()}
+        new.nests = {op: list(n) for op, n in self.nests.items()}
+        new.atomic = set(self.atomic)
+        new.conflicts = list(self.conflicts)
+        new.unsupported = dict(self.unsupported)
+        new.tags = dict(self.tags)
+        new._reported = set(self._reported)
+        return new
 
     # -- queries ------------------------------------------------------------------------
     def tiles_of(self, v: Value) -> list[tuple[str, int]]:

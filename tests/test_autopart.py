@@ -1,0 +1,155 @@
+"""AutomaticPartition with the built-in MCTS and greedy searchers (DESIGN.md §2.6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import partir_plugin as partir
+from partir_plugin.core.actions import TacticContext
+from partir_plugin.core.mesh import Mesh
+from partir_plugin.core.propagation import propagate
+from partir_plugin.core.state import PartitionState
+from partir_plugin.core.tmr import default_registry
+from partir_plugin.examples import mlp
+from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.plugins.autopart import Budget, MCTSSearcher
+from partir_plugin.plugins.hardware import A100_40GB
+
+OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}
+
+
+def _setup(batch_size: int, hidden: int, features: int):
+    model, optimizer = mlp.MLP(hidden=hidden, layers=3, classes=8), optax.adam(1e-3)
+    params, opt_state, batch = mlp.init(model, optimizer, batch_size=batch_size,
+                                        features=features)
+    return mlp.make_train_step(model, optimizer), (params, opt_state, batch)
+
+
+@pytest.fixture(scope="module")
+def large():
+    """Big enough that compute, not collective latency, dominates on an A100."""
+    return _setup(16384, 512, 128)
+
+
+@pytest.fixture(scope="module")
+def large_traced(large):
+    return trace(*large)
+
+
+def _assert_trees_close(a, b, atol=2e-5):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=atol)
+
+
+def _auto(traced, mesh, schedule):
+    return apply_schedule(traced.func, traced.leaves, Mesh.of(mesh), schedule,
+                          hardware="a100-40gb", arg_names=traced.arg_names)
+
+
+def _unpartitioned_runtime(traced, mesh) -> float:
+    none = partir.ManualPartition({}, axis=next(iter(mesh)), name="none")
+    return _auto(traced, mesh, [none]).reports[0].estimated_runtime_s
+
+
+def test_state_copy_is_independent(large_traced):
+    state = PartitionState(large_traced.func, Mesh.of({"batch": 8}), default_registry())
+    x = next(lf for lf in large_traced.leaves if lf.qualified == "batch/x").value
+    state.tile_value(x, 0, "batch")
+    propagate(state)
+    before = {v: list(t) for v, t in state.tiling.items()}
+    nests = {op: list(n) for op, n in state.nests.items()}
+    copy = state.copy()
+    w = next(lf for lf in large_traced.leaves if lf.qualified == "params/Dense_0/kernel").value
+    copy.tile_value(w, 1, "batch")
+    copy.tiling[x].append(("other", 1))
+    propagate(copy)
+    assert state.tiling == before and state.nests == nests
+    assert copy.dim_of(w, "batch") == 1 and state.dim_of(w, "batch") is None
+    assert copy.func is state.func and copy.users is state.users
+
+
+def test_mcts_finds_batch_parallelism_and_matches_jax(large, large_traced):
+    train_step, args = large
+    auto = partir.AutomaticPartition(axes=["batch"], budget=30, options=OPTIONS)
+    step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
+    new = step(*args)
+    _assert_trees_close(new, jax.jit(train_step)(*args))
+    assert meta.in_shardings[2]["x"].spec[0] == "batch"
+    assert "tile<argument 'batch/x', 0, 'batch'>" in meta.tactics[0].actions
+    baseline = _unpartitioned_runtime(large_traced, {"batch": 8})
+    assert meta.tactics[0].estimated_runtime_s < baseline / 2
+
+
+def test_greedy_finds_batch_parallelism(large_traced):
+    auto = partir.AutomaticPartition(["batch"], searcher="greedy", options=OPTIONS)
+    report = _auto(large_traced, {"batch": 8}, [auto]).reports[0]
+    assert report.actions[0] == "tile<argument 'batch/x', 0, 'batch'>"
+    assert report.estimated_runtime_s < _unpartitioned_runtime(large_traced, {"batch": 8}) / 2
+
+
+def test_mcts_is_deterministic_with_a_seed(large_traced):
+    def actions():
+        auto = partir.AutomaticPartition(["batch"], budget=8, options=OPTIONS)
+        return _auto(large_traced, {"batch": 8}, [auto]).reports[0].actions
+
+    assert actions() == actions()
+
+
+def test_composes_after_manual_batch_parallelism():
+    """BP by hand, then the search on "model"; a device this small forces it to shard."""
+    train_step, args = _setup(64, 64, 32)
+    traced = trace(train_step, args)
+    bp = partir.tactic("BP", axis="batch")
+    mesh = {"batch": 4, "model": 2}
+    bp_peak = _auto(traced, mesh, [bp]).reports[0].estimated_peak_memory_bytes
+    tiny = dataclasses.replace(A100_40GB, name="tiny", memory_bytes=int(bp_peak * 0.7))
+    auto = partir.AutomaticPartition(["model"], budget=40,
+                                     options={**OPTIONS, "hardware": tiny})
+    step, meta = partir.jit(train_step, mesh, [bp, auto], hardware=tiny)
+    _assert_trees_close(step(*args), jax.jit(train_step)(*args))
+    bp_report, auto_report = meta.tactics
+    assert [a for a in auto_report.actions if a.startswith("tile<")]
+    assert auto_report.estimated_peak_memory_bytes < bp_report.estimated_peak_memory_bytes
+    assert all("'batch'" not in a for a in auto_report.actions)
+
+
+def test_unknown_searcher_is_a_clear_error(large_traced):
+    auto = partir.AutomaticPartition(["batch"], searcher="nope")
+    with pytest.raises(partir.PartitionError, match=r"no automatic-partitioning searcher "
+                                                    r"'nope'.*'greedy', 'mcts'"):
+        _auto(large_traced, {"batch": 8}, [auto])
+
+
+def test_budget_in_seconds_is_respected(large_traced):
+    state = PartitionState(large_traced.func, Mesh.of({"batch": 8}), default_registry())
+    propagate(state)
+    ctx = TacticContext(state, large_traced.leaves, large_traced.arg_names)
+    searcher = MCTSSearcher(budget={"seconds": 0.5, "iterations": 10**6}, **OPTIONS)
+    t0 = time.perf_counter()
+    result = searcher.search(ctx, ["batch"])
+    assert time.perf_counter() - t0 < 3.0
+    assert 0.5 <= result.seconds < 1.5 and result.iterations > 1
+    assert [a for a in ctx.actions if a != "propagate"] == result.actions
+
+
+def test_budget_forms():
+    assert Budget.parse(None, 200) == Budget(200, None)
+    assert Budget.parse(5, 200) == Budget(5, None)
+    assert Budget.parse(1.5, 200) == Budget(None, 1.5)
+    assert Budget.parse({"seconds": 2}, 200) == Budget(None, 2)
+    for bad in ({"minutes": 1}, "fast", 0, True):
+        with pytest.raises(partir.PartitionError, match="budget"):
+            Budget.parse(bad, 200)
+
+
+def test_progress_bar_shows_best_cost(large_traced, capsys):
+    auto = partir.AutomaticPartition(["batch"], budget=3, options={**OPTIONS, "progress": True})
+    _auto(large_traced, {"batch": 8}, [auto])
+    err = capsys.readouterr().err
+    assert "AutomaticPartition" in err and "best=" in err
