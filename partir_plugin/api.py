@@ -95,10 +95,28 @@ class PartitionedFunction:
         self.metadata = metadata if metadata is not None else Metadata()
         self._cache: dict[tuple, Compiled] = {}
 
-    def lower(self, *args) -> Compiled:
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """Keyword arguments bound to the function's parameters, in order (as jax.jit does);
+        the partitioned program takes every array argument positionally."""
+        if not kwargs:
+            return args
+        import inspect
+
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{getattr(self.fn, '__name__', 'function')}: {e}") from None
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise TypeError(f"keyword-only arguments {sorted(bound.kwargs)} are not supported; "
+                            f"pass them positionally")
+        return bound.args
+
+    def lower(self, *args, **kwargs) -> Compiled:
         """Partition and compile for these arguments (arrays or ShapeDtypeStructs)."""
         import jax
 
+        args = self._positional(args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten(args)
         key = _avals_key(leaves, treedef)
         if key in self._cache:
@@ -131,9 +149,10 @@ class PartitionedFunction:
                                                        c.executable.out_shardings)
         m.device_local_stablehlo = c.as_text()
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         import jax
 
+        args = self._positional(args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten(args)
         compiled = self._cache.get(_avals_key(leaves, treedef))
         if compiled is None:

@@ -179,3 +179,14 @@ def test_donation_consumes_inputs(chain_args):
                                rtol=1e-5, atol=1e-5)
     assert xs.is_deleted()
     assert "jax.buffer_donor = true" in step.lower(x, w1, w2).as_text()
+
+
+def test_keyword_arguments_bind_like_jax_jit(chain_args):
+    x, w1, w2 = chain_args
+    step, meta = partir.jit(matmul_chain, {"B": 4, "M": 2}, _listing6())
+    out = step(x, w2=w2, w1=w1)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(matmul_chain)(x, w1, w2)),
+                               rtol=1e-5, atol=1e-5)
+    assert len(step._cache) == 1 and step(x, w1, w2).shape == (256, 8)
+    with pytest.raises(TypeError, match="matmul_chain: missing a required argument: .w2."):
+        step(x, w1, w3=w2)
