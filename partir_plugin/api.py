@@ -21,6 +21,19 @@ def _avals_key(leaves, treedef) -> tuple:
                            else (np.shape(x), np.result_type(x)) for x in leaves))
 
 
+def donated_leaves(args: tuple, donate: tuple[int, ...]) -> list[int]:
+    """Flat leaf indices of the arguments listed in `donate_argnums`."""
+    import jax
+
+    out, start = [], 0
+    for i, a in enumerate(args):
+        n = len(jax.tree_util.tree_leaves(a))
+        if i in donate:
+            out.extend(range(start, start + n))
+        start += n
+    return out
+
+
 @dataclass
 class Compiled:
     """A partitioned, compiled program for one set of input avals."""
@@ -45,21 +58,10 @@ class Compiled:
 
         outs = self.executable(leaves)
         if self.donate:
-            for i in self._donated_leaf_indices(args):
+            for i in donated_leaves(args, self.donate):
                 if isinstance(leaves[i], jax.Array):
                     leaves[i].delete()
         return jax.tree_util.tree_unflatten(self.traced.out_tree, outs)
-
-    def _donated_leaf_indices(self, args) -> list[int]:
-        import jax
-
-        out, start = [], 0
-        for i, a in enumerate(args):
-            n = len(jax.tree_util.tree_leaves(a))
-            if i in self.donate:
-                out.extend(range(start, start + n))
-            start += n
-        return out
 
     def as_text(self) -> str:
         return self.partitioned.program.text()
@@ -125,8 +127,7 @@ class PartitionedFunction:
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
                               hardware=self.hardware, arg_names=traced.arg_names)
         program = part.program
-        donated = set(Compiled(traced, part, None, key, self.donate)._donated_leaf_indices(args))
-        for i in donated:
+        for i in donated_leaves(args, self.donate):
             program.func.arg_attrs[i] = "jax.buffer_donor = true"
         out_types = [(a.shape, a.dtype) for a in traced.out_avals]
         exe = DeviceLocalExecutable(program.text(), self.jax_mesh, program.in_layouts,
