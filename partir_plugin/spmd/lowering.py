@@ -79,6 +79,21 @@ class _Emitter:
         return self.emit("stablehlo.constant", [], [t],
                          {"value": f"dense<[{body}]> : {t}"}).results[0]
 
+    def scalar(self, n: int | float, element: str) -> Value:
+        literal = (f"{float(n):e}" if element.startswith(("f", "bf")) else str(int(n)))
+        t = TensorType((), element)
+        return self.emit("stablehlo.constant", [], [t],
+                         {"value": f"dense<{literal}> : {t}"}).results[0]
+
+    def broadcast(self, scalar: Value, to: TensorType, dims: list[int] | None = None) -> Value:
+        """`scalar` (or a lower-rank value along `dims`) broadcast to type `to`."""
+        return self.emit("stablehlo.broadcast_in_dim", [scalar], [to],
+                         {"broadcast_dimensions": _i64_array(dims or [])}).results[0]
+
+    def splat(self, n: int | float, to: TensorType) -> Value:
+        """A tensor of type `to` filled with `n`."""
+        return self.broadcast(self.scalar(n, to.element), to)
+
     def replica(self) -> Value:
         if self._replica is None:
             rid = self.emit("stablehlo.replica_id", [], [TensorType((), "ui32")]).results[0]
@@ -174,8 +189,7 @@ class _Emitter:
         starts = []
         for d in range(len(shape)):
             if d not in blocks:
-                starts.append(self.emit("stablehlo.constant", [], [_I32],
-                                        {"value": "dense<0> : tensor<i32>"}).results[0])
+                starts.append(self.scalar(0, "i32"))
                 continue
             num_blocks, index = blocks[d]
             shape[d] //= num_blocks
@@ -465,50 +479,31 @@ class _Lowering:
         em, rows = self.em, table.type.shape[k]
         vocab = op.operands[0].type.shape[k]
         t = ids.type
-
-        def full(value: Value) -> Value:
-            return em.emit("stablehlo.broadcast_in_dim", [value], [t],
-                           {"broadcast_dimensions": _i64_array([])}).results[0]
-
-        def scalar(n: int) -> Value:
-            return em.emit("stablehlo.constant", [], [TensorType((), t.element)],
-                           {"value": f"dense<{n}> : tensor<{t.element}>"}).results[0]
-        clamped = em.emit("stablehlo.clamp", [full(scalar(0)), ids, full(scalar(vocab - 1))],
+        clamped = em.emit("stablehlo.clamp", [em.splat(0, t), ids, em.splat(vocab - 1, t)],
                           [t]).results[0]
         start = em.per_device([i * rows for i in em.block_index(axes)])
         start = em.emit("stablehlo.convert", [start], [TensorType((), t.element)]).results[0]
-        return em.emit("stablehlo.subtract", [clamped, full(start)], [t]).results[0]
+        return em.emit("stablehlo.subtract", [clamped, em.broadcast(start, t)], [t]).results[0]
 
     def _zero_foreign_rows(self, op: Op, gathered: Value, local_ids: Value, rows: int
                            ) -> Value:
         """Rows whose id is not in this tile (of `rows` rows) are zero, so the tiles' partial
         results add up."""
         em, t = self.em, local_ids.type
-        lo = em.emit("stablehlo.constant", [], [TensorType((), t.element)],
-                     {"value": f"dense<0> : tensor<{t.element}>"}).results[0]
-        hi = em.emit("stablehlo.constant", [], [TensorType((), t.element)],
-                     {"value": f"dense<{rows}> : tensor<{t.element}>"}).results[0]
         pred_t = TensorType(t.shape, "i1")
-        bcast = {"broadcast_dimensions": _i64_array([])}
-        lo = em.emit("stablehlo.broadcast_in_dim", [lo], [t], bcast).results[0]
-        hi = em.emit("stablehlo.broadcast_in_dim", [hi], [t], bcast).results[0]
-        ge = em.emit("stablehlo.compare", [local_ids, lo], [pred_t],
+        ge = em.emit("stablehlo.compare", [local_ids, em.splat(0, t)], [pred_t],
                      {"comparison_direction": "#stablehlo<comparison_direction GE>"}).results[0]
-        lt = em.emit("stablehlo.compare", [local_ids, hi], [pred_t],
+        lt = em.emit("stablehlo.compare", [local_ids, em.splat(rows, t)], [pred_t],
                      {"comparison_direction": "#stablehlo<comparison_direction LT>"}).results[0]
         inside = em.emit("stablehlo.and", [ge, lt], [pred_t]).results[0]
         # indices [..., 1] -> the result's batch dimensions (those not in offset_dims).
-        squeezed_t = TensorType(t.shape[:-1], "i1")
-        inside = em.emit("stablehlo.reshape", [inside], [squeezed_t]).results[0]
+        inside = em.emit("stablehlo.reshape", [inside], [TensorType(t.shape[:-1], "i1")]
+                         ).results[0]
         out_t = gathered.type
         batch_dims = [d for d in range(out_t.rank) if d not in offset_dims(op)]
-        mask = em.emit("stablehlo.broadcast_in_dim", [inside], [TensorType(out_t.shape, "i1")],
-                       {"broadcast_dimensions": _i64_array(batch_dims)}).results[0]
-        literal = "0.000000e+00" if out_t.element.startswith(("f", "bf")) else "0"
-        zero = em.emit("stablehlo.constant", [], [TensorType((), out_t.element)],
-                       {"value": f"dense<{literal}> : tensor<{out_t.element}>"}).results[0]
-        zero = em.emit("stablehlo.broadcast_in_dim", [zero], [out_t], bcast).results[0]
-        return em.emit("stablehlo.select", [mask, gathered, zero], [out_t]).results[0]
+        mask = em.broadcast(inside, TensorType(out_t.shape, "i1"), batch_dims)
+        return em.emit("stablehlo.select", [mask, gathered, em.splat(0, out_t)], [out_t]
+                       ).results[0]
 
     def _offset_iota(self, op: Op, local: Value, layout: Layout) -> Value:
         dim = int(op.attributes["iota_dimension"].split(":")[0])
@@ -517,11 +512,10 @@ class _Lowering:
             return local
         extent = local.type.shape[dim]
         start = self.em.per_device([i * extent for i in self.em.block_index(axes)])
-        scalar = TensorType((), local.type.element)
-        start = self.em.emit("stablehlo.convert", [start], [scalar]).results[0]
-        start = self.em.emit("stablehlo.broadcast_in_dim", [start], [local.type],
-                             {"broadcast_dimensions": _i64_array([])}).results[0]
-        return self.em.emit("stablehlo.add", [local, start], [local.type]).results[0]
+        start = self.em.emit("stablehlo.convert", [start],
+                             [TensorType((), local.type.element)]).results[0]
+        return self.em.emit("stablehlo.add", [local, self.em.broadcast(start, local.type)],
+                            [local.type]).results[0]
 
 
 def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],
