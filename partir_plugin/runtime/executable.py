@@ -85,14 +85,17 @@ class DeviceLocalExecutable:
         # Typed PRNG keys travel as their raw uint32 data, as the StableHLO program sees them.
         return [jax.random.key_data(x) if _is_key(x.dtype) else x for x in placed]
 
-    def __call__(self, leaves) -> list:
+    def __call__(self, leaves, out_shardings=None) -> list:
+        """Run on `leaves`; results carry `out_shardings` when given (equivalent shardings
+        spelled as the caller wants them, e.g. `P('a', None)` for our `P('a')`)."""
         import jax
 
         placed = self.place(leaves)
         results = self.executable.execute_sharded(placed)
         outs = []
         for arrays, s, (shape, dtype) in zip(results.disassemble_into_single_device_arrays(),
-                                             self.out_shardings, self.out_types):
+                                             out_shardings or self.out_shardings,
+                                             self.out_types):
             if _is_key(dtype):
                 data_shape = tuple(shape) + tuple(arrays[0].shape[len(arrays[0].shape)
                                                                   - _key_rank(dtype):])

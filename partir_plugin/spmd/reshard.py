@@ -75,14 +75,9 @@ def compiled(jax_mesh, shape, dtype, src_spec, dst_spec):
 def reshard(x, sharding):
     """`x` (a jax.Array with a NamedSharding) moved to the NamedSharding `sharding` with the
     planner's collectives; the result is a new jax.Array with exactly `sharding`."""
-    import jax
-
     _check_devices(x, sharding)
     src_spec = normalize_spec(x.sharding.spec, x.ndim)
     dst_spec = normalize_spec(sharding.spec, x.ndim)
     _, exe = compiled(sharding.mesh, x.shape, x.dtype, src_spec, dst_spec)
-    (out,) = exe([x])
-    if out.sharding != sharding:
-        out = jax.make_array_from_single_device_arrays(
-            x.shape, sharding, [s.data for s in out.addressable_shards])
+    (out,) = exe([x], out_shardings=[sharding])
     return out
