@@ -111,8 +111,7 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
     reports = []
     program = None
     for tactic in schedule:
-        ctx = TacticContext(state, leaves, arg_names)
-        ctx.hardware = hardware  # what searchers cost their candidates on
+        ctx = TacticContext(state, leaves, arg_names, hardware)
         if callable(tactic) and not hasattr(tactic, "apply"):
             tactic(ctx)
             name = getattr(tactic, "__name__", "tactic")

@@ -35,11 +35,11 @@ class TacticContext:
     """What a tactic may do. Actions are recorded in `actions` for the report."""
 
     def __init__(self, state: PartitionState, leaves: list[Leaf],
-                 arg_names: list[str] | None = None):
+                 arg_names: list[str] | None = None, hardware=None):
         self.state = state
         self.leaves = leaves
         self._arg_names = arg_names
-        self.hardware = None  # the jit's hardware spec (name or object), for searchers
+        self.hardware = hardware  # the jit's hardware spec (name or object), for searchers
         self.actions: list[str] = []
         self._touched: list[Value] = []
 

@@ -110,7 +110,7 @@ class SearchSpace:
 
     def __init__(self, ctx: TacticContext, axes: list[str], hardware: Any = None,
                  min_leaf_bytes: int = 1024, memory_penalty: float = MEMORY_PENALTY):
-        hardware = hardware or getattr(ctx, "hardware", None) or DEFAULT_HARDWARE
+        hardware = hardware or ctx.hardware or DEFAULT_HARDWARE
         try:
             self.hardware = resolve_hardware(hardware)
             resolve_simulator("analytical")
