@@ -39,3 +39,13 @@ def write_section(heading: str, text: str, path: Path = BENCHMARKS_MD) -> None:
     else:
         new = current.rstrip("\n") + "\n\n" + block
     path.write_text(new.rstrip("\n") + "\n")
+
+
+def publish(heading: str, text: str, path: Path = BENCHMARKS_MD, write: bool = True) -> None:
+    """Print a benchmark's section (without a trailing per-problem <details> table) and, unless
+    `write` is False, replace it in docs/BENCHMARKS.md."""
+    print()
+    print(text.split("<details>")[0])
+    if write:
+        write_section(heading, text, path)
+        print(f"wrote the {heading!r} section of {path}")

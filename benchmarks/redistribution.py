@@ -369,8 +369,7 @@ def main(argv=None) -> int:
             flush=True,
         )
     section = summarize(rows, args, time.perf_counter() - start)
-    harness.write_section("## Redistribution", section, args.out)
-    print(section.split("<details>")[0])
+    harness.publish("## Redistribution", section, args.out)
     return 0
 
 

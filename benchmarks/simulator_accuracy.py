@@ -421,11 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [p.row for p in prepared]
     s = summary(rows)
     text = section(rows, s, spec_line, args.runs)
-    print()
-    print(text)
-    if not args.no_write:
-        harness.write_section(HEADING, text, args.output)
-        print(f"wrote the {HEADING!r} section of {args.output}")
+    harness.publish(HEADING, text, args.output, write=not args.no_write)
     return 0
 
 

@@ -486,11 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timing {len(cases)} cases x 2 sides x {args.runs} interleaved runs ...", flush=True)
     time_all(cases, args.runs)
     text = section(cases, models, args.runs, args.compile_reps, time.perf_counter() - t0)
-    print()
-    print(text)
-    if not args.no_write:
-        harness.write_section(HEADING, text, args.output)
-        print(f"wrote the {HEADING!r} section of {args.output}")
+    harness.publish(HEADING, text, args.output, write=not args.no_write)
     return 0
 
 
