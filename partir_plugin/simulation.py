@@ -161,17 +161,20 @@ class SimulationResult:
         return data
 
 
+def _registered(kind: str, name: str, registry: dict, hook: str) -> Any:
+    if name not in registry:
+        raise KeyError(f"unknown {kind} {name!r}; available: {sorted(registry)} "
+                       f"(add more with a `{hook}` plugin)")
+    return registry[name]
+
+
 def resolve_hardware(hardware: str | HardwareSpec | Any) -> Any:
     """A spec object as is, or the spec registered under that name by a hardware plugin."""
     if not isinstance(hardware, str):
         return hardware
     from . import kernel
 
-    specs = kernel.hardware_specs()
-    if hardware not in specs:
-        raise KeyError(f"unknown hardware {hardware!r}; available: {sorted(specs)} "
-                       "(add more with a `partir_add_hardware` plugin)")
-    return specs[hardware]
+    return _registered("hardware", hardware, kernel.hardware_specs(), "partir_add_hardware")
 
 
 def resolve_simulator(simulator: str | Any) -> Any:
@@ -180,11 +183,7 @@ def resolve_simulator(simulator: str | Any) -> Any:
         return simulator
     from . import kernel
 
-    sims = kernel.simulators()
-    if simulator not in sims:
-        raise KeyError(f"unknown simulator {simulator!r}; available: {sorted(sims)} "
-                       "(add more with a `partir_add_simulators` plugin)")
-    return sims[simulator]
+    return _registered("simulator", simulator, kernel.simulators(), "partir_add_simulators")
 
 
 def simulate(func, mesh, hardware: str | HardwareSpec, *, overlap: bool = False,
