@@ -41,12 +41,16 @@ class ManualPartition:
     `inputs` maps argument names to selectors: an int dimension, `REPLICATED`,
     `FIRST_DIVISIBLE_DIM`, `UNKNOWN`, a nested dict mirroring part of the argument's pytree,
     or a callable `(path, shape) -> selector` over the leaves' key paths ("Dense_0/kernel").
+    `tags` does the same for values named with `partir_plugin.tag`; a name may tag several
+    values (every layer's), and the selector applies to each.
     """
 
     inputs: dict[str, Selector]
     axis: str
     name: str | None = None
-    tags: dict[str, Selector] = field(default_factory=dict)  # tagged intermediates
+    # Tagged intermediates: a dict from tag names to selectors, or a callable `(name, shape) ->
+    # selector` over every tag. A decided tag is a redistribution point (`TacticContext.tile`).
+    tags: dict[str, Selector] | Callable[[str, tuple], Selector] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name is None:
@@ -57,8 +61,12 @@ class ManualPartition:
         for arg, selector in self.inputs.items():
             leaves = ctx.leaves_of(arg)
             self._select(ctx, selector, leaves, depth=0, where=arg)
-        for tag, selector in self.tags.items():
-            self._decide(ctx, selector, tag, ctx.state.tags_value(tag).type.shape, tag)
+        tags = self.tags
+        if callable(tags):
+            tags = {name: tags(name, values[0].type.shape)
+                    for name, values in ctx.state.tags.items()}
+        for tag, selector in tags.items():
+            self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
 
     def _select(self, ctx, selector, leaves: list[Leaf], depth: int, where: str) -> None:
         if isinstance(selector, dict):
@@ -86,9 +94,9 @@ class ManualPartition:
             ctx.atomic(target, self.axis)
             return
         if sel is FIRST_DIVISIBLE_DIM:
-            value = target.value if isinstance(target, Leaf) else ctx.state.tags_value(target)
+            values = [target.value] if isinstance(target, Leaf) else ctx.state.tagged(target)
             for d in range(len(shape)):
-                if ctx.state.can_tile(value, d, self.axis) is None:
+                if all(ctx.state.can_tile(v, d, self.axis) is None for v in values):
                     ctx.tile(target, d, self.axis)
                     return
             return

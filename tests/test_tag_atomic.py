@@ -100,3 +100,51 @@ def test_control_flow_branches_sort_and_argmax_partition():
     assert out[0].sharding.spec == jax.sharding.PartitionSpec("a")
     text = meta.device_local_stablehlo
     assert '"stablehlo.case"' in text and "tensor<16x4xf32>" in text
+
+
+def two_stage(x, w1, w2):
+    h = jax.numpy.tanh(x @ w1)
+    return partir.tag(h, "hidden") @ w2
+
+
+def test_a_decided_tag_is_a_redistribution_point():
+    """Tiling a tag on another dimension than the value it names propagates to the tag's
+    users only: `h` stays column-tiled (w1's columns), the tagged value is row-tiled, and
+    the lowering converts with one all_to_all (not an all_gather plus a slice)."""
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (64, 32)))
+    w1 = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (32, 16)))
+    w2 = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (16, 8)))
+    schedule = [partir.ManualPartition({"w1": 1}, axis="M", tags={"hidden": 0})]
+    step, meta = partir.jit(two_stage, {"M": 8}, schedule)
+    out = step(x, w1, w2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(two_stage)(x, w1, w2)),
+                               rtol=1e-5, atol=1e-5)
+    counts = meta.tactics[0].collectives
+    assert counts["all_to_all"] == 1 and counts["all_gather"] == 0
+    assert counts["all_reduce"] == 0  # the row-tiled tagged value keeps the second matmul local
+    assert out.sharding.spec == jax.sharding.PartitionSpec("M")
+    # Undecided, the same tag is transparent: the column tiling flows through it.
+    plain, meta = partir.jit(two_stage, {"M": 8}, [partir.ManualPartition({"w1": 1}, axis="M")])
+    plain.lower(x, w1, w2)
+    assert meta.tactics[0].collectives["all_to_all"] == 0
+
+
+def test_one_name_tags_every_layer_and_a_callable_selects_tags():
+    def f(x, w):
+        for _ in range(3):
+            x = partir.tag(jax.numpy.tanh(x @ w), "act")
+        return x
+
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (64, 16)))
+    w = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (16, 16)))
+    tactic = partir.ManualPartition(
+        {}, axis="M", tags=lambda name, shape: 0 if name == "act" else None)
+    step, meta = partir.jit(f, {"M": 8}, [tactic])
+    out = step(x, w)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(f)(x, w)), rtol=1e-5,
+                               atol=1e-5)
+    # Every tagged activation is row-tiled; the first matmul's input is not (x is replicated,
+    # so the first tag slices locally): no collective at all.
+    assert sum(meta.tactics[0].collectives.values()) == 0
+    assert out.sharding.spec == jax.sharding.PartitionSpec("M")
+    assert meta.device_local_stablehlo.count("tensor<8x16xf32>") >= 3

@@ -59,37 +59,63 @@ class TacticContext:
                                  f"arguments are {self.arg_names()}")
         return found
 
-    def _value(self, target: Value | Leaf | str) -> tuple[Value, str]:
+    def _targets(self, target: Value | Leaf | str) -> tuple[list[Value], str, bool]:
+        """The values an action applies to, how to name them in messages, and whether they
+        are tagged (a tag name addresses every value tagged so)."""
         if isinstance(target, Leaf):
-            return target.value, f"argument {target.qualified!r}"
+            return [target.value], f"argument {target.qualified!r}", False
         if isinstance(target, str):
-            if target in self.state.tags:
-                return self.state.tags[target], f"tag {target!r}"
-            raise PartitionError(f"no tagged value named {target!r} (tags: "
-                                 f"{sorted(self.state.tags)})")
-        return target, repr(target)
+            return self.state.tagged(target), f"tag {target!r}", True
+        return [target], repr(target), False
 
     def tile(self, target: Value | Leaf | str, dim: int, axis: str) -> None:
-        """tile<value, dim, axis>: slice `value` on `dim` across `axis`."""
-        v, what = self._value(target)
+        """tile<value, dim, axis>: slice `value` on `dim` across `axis`.
+
+        On a tag, the tag becomes a redistribution point on `axis`: the tagged value takes
+        this tiling, the value it names keeps whatever propagation and other tactics give it,
+        and the lowering converts between the two (an all_to_all, say). So a tag must be
+        decided before propagation reaches it through an earlier tactic.
+        """
+        values, what, tagged = self._targets(target)
         self.state.mesh.check_axis(axis)
-        if dim < 0:
-            dim += v.type.rank
-        if self.state.dim_of(v, axis) == dim:
-            return
-        self.state.check_divisible(v, dim, axis, what)
-        self._touched += self.state.tile_value(v, dim, axis)
-        self.actions.append(f"tile<{what}, {dim}, {axis!r}>")
+        changed = False
+        for v in values:
+            d = dim + v.type.rank if dim < 0 else dim
+            if self.state.dim_of(v, axis) == d:
+                continue
+            if tagged:
+                self._check_undecided(v, axis, what)
+            self.state.check_divisible(v, d, axis, what)
+            if tagged:
+                self.state.boundaries.add((v.producer, axis))
+            self._touched += self.state.tile_value(v, d, axis)
+            changed = True
+        if changed:
+            self.actions.append(f"tile<{what}, {dim}, {axis!r}>")
 
     def atomic(self, target: Value | Leaf | str, axis: str) -> None:
-        """atomic<value, axis>: keep `value` replicated on `axis`, blocking propagation."""
-        v, what = self._value(target)
+        """atomic<value, axis>: keep `value` replicated on `axis`, blocking propagation (on a
+        tag: the tagged value is replicated whatever the value it names is)."""
+        values, what, tagged = self._targets(target)
         self.state.mesh.check_axis(axis)
-        if self.state.dim_of(v, axis) is not None:
-            raise PartitionError(f"cannot make {what} atomic on axis {axis!r}: an earlier "
-                                 f"action already tiled it on that axis")
-        self.state.atomic.add((v, axis))
+        for v in values:
+            if tagged:
+                self._check_undecided(v, axis, what)
+            if self.state.dim_of(v, axis) is not None:
+                raise PartitionError(f"cannot make {what} atomic on axis {axis!r}: an earlier "
+                                     f"action already tiled it on that axis")
+            if tagged:
+                self.state.boundaries.add((v.producer, axis))
+            self.state.atomic.add((v, axis))
         self.actions.append(f"atomic<{what}, {axis!r}>")
+
+    def _check_undecided(self, v: Value, axis: str, what: str) -> None:
+        current = self.state.dim_of(v, axis)
+        if current is not None:
+            raise PartitionError(
+                f"cannot decide {what} on axis {axis!r}: propagation from an earlier tactic "
+                f"already tiled it on dimension {current}; decide tags before the tactics "
+                f"whose propagation reaches them (e.g. MQ before MP)")
 
     def propagate(self) -> None:
         propagate(self.state, seeds=self._touched or None)

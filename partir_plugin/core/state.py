@@ -41,7 +41,10 @@ class PartitionState:
     atomic: set[tuple[Value, str]] = field(default_factory=set)
     conflicts: list[Conflict] = field(default_factory=list)
     unsupported: dict[str, int] = field(default_factory=dict)
-    tags: dict[str, Value] = field(default_factory=dict)
+    tags: dict[str, list[Value]] = field(default_factory=dict)
+    # (tag op, axis): a tactic decided the tagged value on the axis, so the tag is a
+    # redistribution point there: propagation does not cross it, the lowering converts.
+    boundaries: set[tuple[Op, str]] = field(default_factory=set)
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -58,7 +61,8 @@ class PartitionState:
         new.atomic = set(self.atomic)
         new.conflicts = list(self.conflicts)
         new.unsupported = dict(self.unsupported)
-        new.tags = dict(self.tags)
+        new.tags = {k: list(v) for k, v in self.tags.items()}
+        new.boundaries = set(self.boundaries)
         new._reported = set(self._reported)
         return new
 
@@ -89,7 +93,8 @@ class PartitionState:
     def tiled_product(self, v: Value, dim: int) -> int:
         return v.type.shape[dim] // self.local_extent(v, dim)
 
-    def tags_value(self, name: str) -> Value:
+    def tagged(self, name: str) -> list[Value]:
+        """Every value tagged `name`, in program order."""
         if name not in self.tags:
             raise PartitionError(f"no tagged value named {name!r} (tags: {sorted(self.tags)})")
         return self.tags[name]

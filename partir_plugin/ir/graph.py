@@ -20,7 +20,7 @@ class Value:
         self.type = type
         self.owner = owner
         self.index = index
-        self.tag: str | None = None
+        self.tag: str | None = None  # the `partir_plugin.tag` name of a tag op's result
 
     @property
     def producer(self) -> Op | None:
@@ -83,7 +83,9 @@ class Func:
     returns: list[Value]
     arg_names: list[str] = field(default_factory=list)
     arg_attrs: dict[int, str] = field(default_factory=dict)  # arg index -> "name = value, ..."
-    tags: dict[str, Value] = field(default_factory=dict)  # `partir_plugin.tag` names
+    # `partir_plugin.tag` names -> every value tagged so, in program order (a model that calls
+    # the same layer twice, or a scan body and its prologue, tags several values alike).
+    tags: dict[str, list[Value]] = field(default_factory=dict)
 
     @property
     def args(self) -> list[Value]:

@@ -45,7 +45,7 @@ class _Importer:
                 name = ir.StringAttr(op.attributes["sym_name"]).value
                 self.funcs[name] = op
 
-        self.tags: dict[str, Value] = {}
+        self.tags: dict[str, list[Value]] = {}  # a name may tag several values
 
     def import_func(self, name: str) -> Func:
         fop = self.funcs[name]
@@ -55,7 +55,8 @@ class _Importer:
         for a in block.arguments:
             env[a] = body.add_arg(_type(a.type))
         returns = self._import_ops(block, env, body.ops)
-        return Func(name=name, body=body, returns=returns, tags=dict(self.tags))
+        tags = {tag: list(values) for tag, values in self.tags.items()}
+        return Func(name=name, body=body, returns=returns, tags=tags)
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
         """Import `block`'s ops into `out`; return the values its terminator returns."""
@@ -116,7 +117,8 @@ class _Importer:
                 if name == TAG_OP:
                     t = _TAG.search(new.location)
                     if t:
-                        self.tags[t.group(1)] = new.results[0]
+                        new.results[0].tag = t.group(1)
+                        self.tags.setdefault(t.group(1), []).append(new.results[0])
             if regions:
                 new.captures = _captures(new)
             for r, v in zip(op.results, new.results):

@@ -386,6 +386,13 @@ class _Lowering:
         if op.name in ("stablehlo.while", "stablehlo.case"):
             self._lower_regions(op)
             return
+        if op.results and op.results[0].tag is not None:
+            # A tag is an identity. Where a tactic decided it, it is a redistribution point:
+            # what it names goes straight to the tagged value's layout (e.g. one all_to_all).
+            tagged = op.results[0]
+            layout = self.declared(tagged)
+            self.local[tagged] = (self.use(op.operands[0], layout), layout)
+            return
         nest = self.state.nest_of(op)
         wanted = []
         for i, v in enumerate(op.inputs):
