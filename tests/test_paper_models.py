@@ -149,26 +149,68 @@ def test_gns_edge_sharding():
     assert part.reports[0].collectives == {**zero, "all_reduce": 6 + 9 * 3}
 
 
-@pytest.mark.parametrize("name", ["BP", "MP", "BP+MP"])
-def test_inference_transformer_decode_loop(name):
-    cfg = dataclasses.replace(inference_transformer.Config.small(), batch=8)
+IT_BP = partir.ManualPartition({"batch": 0, "cache": megatron.multi_query_rule}, axis="batch",
+                               name="BP")
+MQ = partir.tactic("MQ", axis="model")
+IT_SCHEDULES = {"BP": [IT_BP], "MP": [T_MP], "BP+MP": [IT_BP, T_MP],
+                "BP+MQ+MP": [IT_BP, MQ, T_MP]}
+
+
+def _it(layers):
+    cfg = dataclasses.replace(inference_transformer.Config.small(), batch=8, layers=layers)
     params, cache, batch = inference_transformer.init(cfg, jax.random.PRNGKey(0))
-    serve = inference_transformer.make_serve(cfg)
-    bp = partir.ManualPartition({"batch": 0, "cache": megatron.multi_query_rule},
-                                axis="batch", name="BP")
-    schedule = {"BP": [bp], "MP": [T_MP], "BP+MP": [bp, T_MP]}[name]
-    step, meta = partir.jit(serve, MESH, schedule)
-    tokens, new_cache = step(params, cache, batch)
-    ref_tokens, ref_cache = jax.jit(serve)(params, cache, batch)
+    return inference_transformer.make_serve(cfg), (params, cache, batch)
+
+
+@pytest.mark.parametrize("name", list(IT_SCHEDULES))
+def test_inference_transformer_decode_loop(name):
+    """IT's serving loop (prompt pass, then a fori_loop of decode steps) gives jax.jit's
+    tokens and cache. Counts are static (the loop body once), per layer and pass:
+    Megatron's 2 all_reduces; MQ adds 2 all_to_alls (queries to batch shards, attention
+    output back to heads), and with MQ first, the attention all_reduce is MQ's."""
+    serve, args = _it(2)
+    step, meta = partir.jit(serve, MESH, IT_SCHEDULES[name])
+    tokens, new_cache = step(*args)
+    ref_tokens, ref_cache = jax.jit(serve)(*args)
     np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
     assert _max_diff(new_cache, ref_cache) < 5e-5
-    counts = meta.tactics[-1].collectives
-    if name == "BP":
-        assert sum(counts.values()) == 0  # inference: no gradient all_reduces
-    else:
-        # Megatron: 2 all_reduces per layer in the prompt pass and 2 per layer in the decode
-        # loop body (counted once: the body is partitioned once).
-        assert counts["all_reduce"] == 4 * cfg.layers
+    for layers in (2, 3):
+        counts = _counts(*_it(layers), IT_SCHEDULES[name]) if layers == 3 else [
+            t.collectives for t in meta.tactics]
+        passes = 2 * layers  # the prompt pass and the decode-loop body
+        final = counts[-1]
+        assert final["all_gather"] == final["reduce_scatter"] == final["all_permute"] == 0
+        if name == "BP":
+            assert sum(final.values()) == 0  # inference: no gradient all_reduces
+        elif name in ("MP", "BP+MP"):
+            assert final["all_reduce"] == 2 * passes and final["all_to_all"] == 0
+        else:
+            assert counts[1]["all_reduce"] == passes and counts[1]["all_to_all"] == passes
+            assert final["all_reduce"] == 2 * passes and final["all_to_all"] == 2 * passes
+
+
+def test_multi_query_shards_the_cache_over_both_axes():
+    """MQ's point: the cache is split over all 8 devices (batch x model), not only the 4 batch
+    shards, and the attention scores are computed on batch shards of 1 sequence each."""
+    serve, args = _it(2)
+    step, meta = partir.jit(serve, MESH, IT_SCHEDULES["BP+MQ+MP"])
+    step.lower(*args)
+    cache_specs = {s.spec for s in jax.tree.leaves(meta.in_shardings[1])}
+    assert cache_specs == {jax.sharding.PartitionSpec(("batch", "model"))}
+    # Local scores [b=1, h=2, s=1, t=8] in the decode loop: whole heads, one sequence.
+    assert "tensor<1x2x1x8xf32>" in meta.device_local_stablehlo
+    step_mp, meta_mp = partir.jit(serve, MESH, IT_SCHEDULES["BP+MP"])
+    step_mp.lower(*args)
+    assert {s.spec for s in jax.tree.leaves(meta_mp.in_shardings[1])} == {
+        jax.sharding.PartitionSpec("batch")}
+
+
+def test_multi_query_after_megatron_names_the_tag():
+    """Decisions are never undone: after MP's propagation the queries are head-sharded, so MQ
+    cannot put them on batch shards and says which tag and what to do."""
+    serve, args = _it(2)
+    with pytest.raises(partir.PartitionError, match=r"tag 'attention/query'.*MQ before MP"):
+        partir.jit(serve, MESH, [IT_BP, T_MP, MQ])[0].lower(*args)
 
 
 def test_non_flax_frontend_equinox_with_typed_keys():

@@ -25,6 +25,11 @@ Parameter paths (P = 8 L + 3, like T):
 ``Block_{i}/norm_mlp/scale [D]``, ``Block_{i}/mlp/dense_up/kernel [D, F]``,
 ``Block_{i}/mlp/dense_down/kernel [F, D]``, ``norm_final/scale [D]``, ``unembed/kernel [D, V]``.
 
+Tagged intermediates (``partir_plugin.tag``, one value per layer and pass under each name):
+``attention/query [B, S, H, Dh]`` and ``attention/key|value [B, S, Dh]`` (after the
+projections and rotary positions, before the cache update) and ``attention/output
+[B, S, H, Dh]`` (before the output projection): the attention core lies between them.
+
 Cache paths (batch on dim 0, ``T = prompt_len + gen_len``): ``Block_{i}/key [B, T, Dh]``,
 ``Block_{i}/value [B, T, Dh]``.
 """
@@ -41,6 +46,7 @@ import jax.numpy as jnp
 
 from benchmarks.models.common import Batch, PyTree, init_params, rope
 from benchmarks.models.transformer import MLPBlock
+from partir_plugin import tag
 
 Cache = dict[str, dict[str, jax.Array]]
 
@@ -102,8 +108,11 @@ class MultiQueryAttention(nn.Module):
         q = nn.DenseGeneral((self.heads, self.head_dim), use_bias=False, name="query")(x)
         k = nn.Dense(self.head_dim, use_bias=False, name="key")(x)
         v = nn.Dense(self.head_dim, use_bias=False, name="value")(x)
-        q = rope(q, positions)
-        k = rope(k[:, :, None, :], positions)[:, :, 0, :]
+        # Tags name the attention core's inputs and output for tactics (MQ reshards there);
+        # they are identities for everything else.
+        q = tag(rope(q, positions), "attention/query")
+        k = tag(rope(k[:, :, None, :], positions)[:, :, 0, :], "attention/key")
+        v = tag(v, "attention/value")
         zero = jnp.zeros((), jnp.int32)
         keys = jax.lax.dynamic_update_slice(cache["key"], k, (zero, start, zero))
         values = jax.lax.dynamic_update_slice(cache["value"], v, (zero, start, zero))
@@ -111,7 +120,7 @@ class MultiQueryAttention(nn.Module):
         visible = jnp.arange(keys.shape[1])[None, :] <= positions[:, None]  # [S, T]
         logits = jnp.where(visible[None, None], logits, jnp.finfo(logits.dtype).min)
         weights = jax.nn.softmax(logits, axis=-1)
-        y = jnp.einsum("bhst,btd->bshd", weights, values)
+        y = tag(jnp.einsum("bhst,btd->bshd", weights, values), "attention/output")
         out = nn.DenseGeneral(x.shape[-1], axis=(-2, -1), use_bias=False, name="out")(y)
         return out, {"key": keys, "value": values}
 

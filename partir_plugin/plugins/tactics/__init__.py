@@ -3,6 +3,7 @@
     BP = batch_parallel(axis="batch", inputs=("batch",))
     MP = megatron(rule, axis="model")            # rule: (path, shape) -> dim | None
     Z3 = zero3(axis="batch")
+    MQ = multi_query(axis="model")               # before MP; needs the model's attention tags
 
 Each returns a `ManualPartition`; compose them in a schedule list.
 """
@@ -56,6 +57,30 @@ def embedding(axis: str = "model", params: str = "params", match: str = "embeddi
     return ManualPartition({params: rule}, axis=axis, name=name)
 
 
+def multi_query(axis: str = "model", cache: str = "cache", batch_dim: int = 0,
+                heads_dim: int = -2, query: str = "attention/query", key: str = "attention/key",
+                value: str = "attention/value", output: str = "attention/output",
+                name: str = "MQ") -> ManualPartition:
+    """MQ: multi-query sharding (Pope et al. 2022) of decoding with a key-value cache.
+
+    Multi-query attention has one key/value head, so Megatron cannot split the cache by heads
+    and every model shard would hold all of it. MQ tiles the `cache` argument's leaves on
+    their batch dimension along `axis` instead, and runs the attention core batch-sharded
+    between head-sharded projections. It addresses the core through four tags the model puts
+    on it (`partir_plugin.tag`): `query` (after the projection, before the scores) and `key`,
+    `value` (before the cache update) are tiled on `batch_dim`, and `output` (before the
+    output projection) on `heads_dim`. Each tag is a redistribution point: per layer, one
+    all_to_all takes the head-sharded queries to batch shards, one takes the attention
+    output back to heads; keys and values computed whole are just sliced.
+
+    Put MQ before MP: decisions are never undone, and once Megatron's propagation has run
+    the attention core is sharded by heads (MQ then stops with an error naming the tag).
+    """
+    return ManualPartition({cache: batch_dim}, axis=axis, name=name,
+                           tags={query: batch_dim, key: batch_dim, value: batch_dim,
+                                 output: heads_dim})
+
+
 def edge_sharding(axis: str = "batch", inputs: str = "batch",
                   edges: Sequence[str] = ("edges", "senders", "receivers"),
                   name: str = "ES") -> ManualPartition:
@@ -67,4 +92,4 @@ def edge_sharding(axis: str = "batch", inputs: str = "batch",
 @hookimpl
 def partir_add_tactics():
     return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
-            "EMB": embedding, "ES": edge_sharding}
+            "EMB": embedding, "MQ": multi_query, "ES": edge_sharding}
