@@ -111,6 +111,9 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
     reports = []
     program = None
     for tactic in schedule:
+        if hasattr(tactic, "reserve"):
+            tactic.reserve(state)
+    for tactic in schedule:
         ctx = TacticContext(state, leaves, arg_names, hardware)
         if callable(tactic) and not hasattr(tactic, "apply"):
             tactic(ctx)

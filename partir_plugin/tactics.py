@@ -1,8 +1,9 @@
 """Tactics: ManualPartition, AutomaticPartition and the selector constants (paper 1 §3).
 
 A tactic is any object with a `name` and `apply(ctx)` that issues actions on a
-`TacticContext`; `propagate` runs after it. Presets (BP, MP, Z2, Z3, ...) are plugins that build
-these objects.
+`TacticContext`; `propagate` runs after it. A tactic may also have `reserve(state)`, called
+for every tactic before the schedule runs (ManualPartition reserves the tags it decides).
+Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.actions import Leaf, TacticContext
+from .core.state import PartitionState
 from .errors import PartitionError
 
 
@@ -61,12 +63,24 @@ class ManualPartition:
         for arg, selector in self.inputs.items():
             leaves = ctx.leaves_of(arg)
             self._select(ctx, selector, leaves, depth=0, where=arg)
+        for tag, selector in self._tag_selectors(ctx.state).items():
+            self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
+
+    def reserve(self, state: PartitionState) -> None:
+        """Before the schedule runs: make the tags this tactic decides redistribution points
+        on its axis, so the propagation of earlier tactics stops there and leaves them to it
+        (MQ after MP: Megatron's head sharding stops at the attention core's tags)."""
+        state.mesh.check_axis(self.axis)
+        for tag in self._tag_selectors(state):
+            for v in state.tagged(tag):
+                state.boundaries.add((v.producer, self.axis))
+
+    def _tag_selectors(self, state: PartitionState) -> dict[str, Selector]:
+        """The tags this tactic decides, with their selectors."""
         tags = self.tags
         if callable(tags):
-            tags = {name: tags(name, values[0].type.shape)
-                    for name, values in ctx.state.tags.items()}
-        for tag, selector in tags.items():
-            self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
+            tags = {name: tags(name, values[0].type.shape) for name, values in state.tags.items()}
+        return {name: sel for name, sel in tags.items() if sel is not None and sel is not UNKNOWN}
 
     def _select(self, ctx, selector, leaves: list[Leaf], depth: int, where: str) -> None:
         if isinstance(selector, dict):

@@ -153,7 +153,7 @@ IT_BP = partir.ManualPartition({"batch": 0, "cache": megatron.multi_query_rule},
                                name="BP")
 MQ = partir.tactic("MQ", axis="model")
 IT_SCHEDULES = {"BP": [IT_BP], "MP": [T_MP], "BP+MP": [IT_BP, T_MP],
-                "BP+MQ+MP": [IT_BP, MQ, T_MP]}
+                "BP+MP+MQ": [IT_BP, T_MP, MQ], "BP+MQ+MP": [IT_BP, MQ, T_MP]}
 
 
 def _it(layers):
@@ -167,7 +167,10 @@ def test_inference_transformer_decode_loop(name):
     """IT's serving loop (prompt pass, then a fori_loop of decode steps) gives jax.jit's
     tokens and cache. Counts are static (the loop body once), per layer and pass:
     Megatron's 2 all_reduces; MQ adds 2 all_to_alls (queries to batch shards, attention
-    output back to heads), and with MQ first, the attention all_reduce is MQ's."""
+    output back to heads). MQ's tags are reserved from the start, so in the paper's order
+    Megatron stops at the attention core and, until MQ decides it, its queries are gathered
+    (one all_gather per layer and pass after MP); with MQ first, the attention all_reduce is
+    MQ's. Both orders end with the same program."""
     serve, args = _it(2)
     step, meta = partir.jit(serve, MESH, IT_SCHEDULES[name])
     tokens, new_cache = step(*args)
@@ -185,7 +188,10 @@ def test_inference_transformer_decode_loop(name):
         elif name in ("MP", "BP+MP"):
             assert final["all_reduce"] == 2 * passes and final["all_to_all"] == 0
         else:
-            assert counts[1]["all_reduce"] == passes and counts[1]["all_to_all"] == passes
+            if name == "BP+MP+MQ":
+                assert counts[1] == {**final, "all_gather": passes, "all_to_all": 0}
+            else:
+                assert counts[1]["all_reduce"] == passes and counts[1]["all_to_all"] == passes
             assert final["all_reduce"] == 2 * passes and final["all_to_all"] == 2 * passes
 
 
@@ -193,7 +199,7 @@ def test_multi_query_shards_the_cache_over_both_axes():
     """MQ's point: the cache is split over all 8 devices (batch x model), not only the 4 batch
     shards, and the attention scores are computed on batch shards of 1 sequence each."""
     serve, args = _it(2)
-    step, meta = partir.jit(serve, MESH, IT_SCHEDULES["BP+MQ+MP"])
+    step, meta = partir.jit(serve, MESH, IT_SCHEDULES["BP+MP+MQ"])
     step.lower(*args)
     cache_specs = {s.spec for s in jax.tree.leaves(meta.in_shardings[1])}
     assert cache_specs == {jax.sharding.PartitionSpec(("batch", "model"))}
@@ -205,12 +211,16 @@ def test_multi_query_shards_the_cache_over_both_axes():
         jax.sharding.PartitionSpec("batch")}
 
 
-def test_multi_query_after_megatron_names_the_tag():
-    """Decisions are never undone: after MP's propagation the queries are head-sharded, so MQ
-    cannot put them on batch shards and says which tag and what to do."""
+def test_deciding_a_tag_that_propagation_already_tiled_names_the_tag():
+    """Decisions are never undone: a tactic that decides a tag without reserving it (a plain
+    function here) after MP's propagation tiled it by heads stops with an error naming it."""
     serve, args = _it(2)
-    with pytest.raises(partir.PartitionError, match=r"tag 'attention/query'.*MQ before MP"):
-        partir.jit(serve, MESH, [IT_BP, T_MP, MQ])[0].lower(*args)
+
+    def late_mq(ctx):
+        ctx.tile("attention/query", 0, "model")
+
+    with pytest.raises(partir.PartitionError, match=r"tag 'attention/query'.*dimension 2"):
+        partir.jit(serve, MESH, [IT_BP, T_MP, late_mq])[0].lower(*args)
 
 
 def test_non_flax_frontend_equinox_with_typed_keys():

@@ -73,8 +73,9 @@ class TacticContext:
 
         On a tag, the tag becomes a redistribution point on `axis`: the tagged value takes
         this tiling, the value it names keeps whatever propagation and other tactics give it,
-        and the lowering converts between the two (an all_to_all, say). So a tag must be
-        decided before propagation reaches it through an earlier tactic.
+        and the lowering converts between the two (an all_to_all, say). A tag that
+        propagation already tiled cannot be decided again: tactics reserve the tags they
+        decide before the schedule runs (`ManualPartition.reserve`).
         """
         values, what, tagged = self._targets(target)
         self.state.mesh.check_axis(axis)
@@ -114,8 +115,8 @@ class TacticContext:
         if current is not None:
             raise PartitionError(
                 f"cannot decide {what} on axis {axis!r}: propagation from an earlier tactic "
-                f"already tiled it on dimension {current}; decide tags before the tactics "
-                f"whose propagation reaches them (e.g. MQ before MP)")
+                f"already tiled it on dimension {current}; reserve the tag (a tactic's "
+                f"`reserve(state)`, as ManualPartition's `tags` do) or decide it first")
 
     def propagate(self) -> None:
         propagate(self.state, seeds=self._touched or None)

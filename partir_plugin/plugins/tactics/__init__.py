@@ -3,7 +3,7 @@
     BP = batch_parallel(axis="batch", inputs=("batch",))
     MP = megatron(rule, axis="model")            # rule: (path, shape) -> dim | None
     Z3 = zero3(axis="batch")
-    MQ = multi_query(axis="model")               # before MP; needs the model's attention tags
+    MQ = multi_query(axis="model")               # needs the model's attention tags
 
 Each returns a `ManualPartition`; compose them in a schedule list.
 """
@@ -73,8 +73,8 @@ def multi_query(axis: str = "model", cache: str = "cache", batch_dim: int = 0,
     all_to_all takes the head-sharded queries to batch shards, one takes the attention
     output back to heads; keys and values computed whole are just sliced.
 
-    Put MQ before MP: decisions are never undone, and once Megatron's propagation has run
-    the attention core is sharded by heads (MQ then stops with an error naming the tag).
+    MQ composes after MP (the paper's BP+MP+MQ): its tags are reserved before the schedule
+    runs, so Megatron's propagation stops at them and the core waits for MQ.
     """
     return ManualPartition({cache: batch_dim}, axis=axis, name=name,
                            tags={query: batch_dim, key: batch_dim, value: batch_dim,
