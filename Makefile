@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-redistribution bench-step-time clean
+.PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ bench-redistribution: $(STAMP)
 
 bench-step-time: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/step_time.py
+
+bench-paper-counts: $(STAMP)
+	$(BIN)/python benchmarks/paper_counts.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
