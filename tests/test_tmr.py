@@ -506,3 +506,20 @@ def test_rematerialized_layers_optimization_barrier():
     assert meta.tactics[0].collectives["all_reduce"] == 2
     assert sum(meta.tactics[0].collectives.values()) == 2
     assert meta.tactics[0].unsupported_ops == {}
+
+
+def test_composite_is_partitioned_through_its_decomposition():
+    """`jax.lax.composite` lowers to `stablehlo.composite` naming a decomposition function;
+    the importer inlines it, so the op partitions like its body (no gather) and the
+    device-local module has no dangling reference to the decomposition."""
+    gelu = jax.lax.composite(lambda x: x * jax.nn.sigmoid(1.702 * x), name="test.gelu")
+
+    def f(x, w):
+        return gelu(x @ w)
+
+    report, meta = run_partitioned(f, _args([((16, 8), F32), ((8, 4), F32)]),
+                                   [tile("a", x=0)])
+    assert report.collectives == counts()
+    assert report.unsupported_ops == {}
+    assert meta.out_shardings.spec == jax.sharding.PartitionSpec("a")
+    assert "composite" not in meta.device_local_stablehlo

@@ -26,7 +26,7 @@ DENIED = frozenset({
     "stablehlo.while", "stablehlo.case", "stablehlo.if", "stablehlo.custom_call",
     "stablehlo.rng_bit_generator", "stablehlo.rng", "stablehlo.all_reduce",
     "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
-    "stablehlo.collective_permute", "stablehlo.composite", "stablehlo.fft",
+    "stablehlo.collective_permute", "stablehlo.fft",
     "stablehlo.triangular_solve", "stablehlo.cholesky",
     "stablehlo.dynamic_update_slice", "stablehlo.batch_norm_training",
     "stablehlo.batch_norm_inference", "stablehlo.batch_norm_grad", "stablehlo.infeed",

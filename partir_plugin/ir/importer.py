@@ -2,7 +2,8 @@
 
 We parse with jaxlib's MLIR bindings, run Shardy's `sdy-populate-op-sharding-rules` so every op
 Shardy knows carries its factor-based sharding rule, then walk the module once, inlining
-`func.call`. The walk is linear in the number of ops.
+`func.call` and `stablehlo.composite` (its decomposition). The walk is linear in the number of
+ops.
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ class _Importer:
                     out.append(single)
                     env[r] = single.results[0]
                 continue
-            if name == "func.call":
-                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            if name in ("func.call", "stablehlo.composite"):
+                # Calls are inlined; so are composites: the decomposition is their meaning,
+                # and inlined it partitions like any other code (the composite's name, which
+                # a backend could map to a fused kernel, is not kept).
+                key = "callee" if name == "func.call" else "decomposition"
+                callee = ir.FlatSymbolRefAttr(op.attributes[key]).value
                 inner = self.funcs[callee].regions[0].blocks[0]
                 sub_env = dict(env)
                 for a, v in zip(inner.arguments, op.operands):
