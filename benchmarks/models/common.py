@@ -79,22 +79,42 @@ def init_params(module: nn.Module, rng: jax.Array, *example_args: Any) -> PyTree
     return fill_params(abstract, rng)
 
 
-def make_adam_train_step(
-    loss_fn: Callable[[PyTree, Batch], jax.Array], learning_rate: float
-) -> tuple[optax.GradientTransformation, TrainStep]:
-    """Return the Adam transform and a plain (un-jitted) train step over ``loss_fn``.
+def adam_train_step(
+    config: Any, loss_fn: Callable[[Any, PyTree, Batch], jax.Array]
+) -> TrainStep:
+    """A plain (un-jitted) train step over ``loss_fn(config, params, batch)`` with Adam at
+    ``config.learning_rate``.
 
     All models share this so their HLO differs only in the model body: one forward, one backward,
     one Adam update (the paper trains every benchmark with Adam, appendix A.3).
     """
-    tx = optax.adam(learning_rate)
+    tx = optax.adam(config.learning_rate)
 
     def train_step(params: PyTree, opt_state: PyTree, batch: Batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(config, p, batch))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return tx, train_step
+    return train_step
+
+
+def init_for_training(
+    config: Any,
+    rng: jax.Array,
+    make_batch: Callable[[Any, jax.Array], Batch],
+    params_for: Callable[[jax.Array, Batch], PyTree],
+) -> tuple[PyTree, PyTree, Batch]:
+    """Parameters (``params_for(rng, batch)``, usually :func:`init_params`), Adam state and a
+    random batch (``make_batch(config, rng)``), in one jitted computation so that CPU tests
+    compile once."""
+
+    def build(rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
+        k_params, k_batch = jax.random.split(rng)
+        batch = make_batch(config, k_batch)
+        params = params_for(k_params, batch)
+        return params, optax.adam(config.learning_rate).init(params), batch
+
+    return jax.jit(build)(rng)
 
 
 def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:

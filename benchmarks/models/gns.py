@@ -28,9 +28,15 @@ from functools import partial
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
-from benchmarks.models.common import Batch, PyTree, TrainStep, init_params, make_adam_train_step
+from benchmarks.models.common import (
+    Batch,
+    PyTree,
+    TrainStep,
+    adam_train_step,
+    init_for_training,
+    init_params,
+)
 
 
 @dataclass(frozen=True)
@@ -145,17 +151,10 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
     """Parameters (see :func:`~benchmarks.models.common.fill_params`), Adam state, a random
-    graph; one jitted computation so that CPU tests compile once."""
-    return jax.jit(partial(_init, config))(rng)
-
-
-def _init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    k_params, k_batch = jax.random.split(rng)
-    b = make_batch(config, k_batch)
-    model = GNS(config)
-    params = init_params(model, k_params, b["nodes"], b["edges"], b["senders"], b["receivers"])
-    return params, optax.adam(config.learning_rate).init(params), b
+    graph."""
+    return init_for_training(config, rng, make_batch, lambda key, b: init_params(
+        GNS(config), key, b["nodes"], b["edges"], b["senders"], b["receivers"]))
 
 
 def make_train_step(config: Config) -> TrainStep:
-    return make_adam_train_step(lambda p, b: loss_fn(config, p, b), config.learning_rate)[1]
+    return adam_train_step(config, loss_fn)

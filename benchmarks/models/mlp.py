@@ -7,14 +7,20 @@ Parameter paths: ``hidden_{i}/kernel [in, h_i]``, ``hidden_{i}/bias [h_i]``, ``l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.models.common import Batch, PyTree, TrainStep, init_params, make_adam_train_step
+from benchmarks.models.common import (
+    Batch,
+    PyTree,
+    TrainStep,
+    adam_train_step,
+    init_for_training,
+    init_params,
+)
 
 
 @dataclass(frozen=True)
@@ -65,16 +71,10 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
     """Parameters (see :func:`~benchmarks.models.common.fill_params`), Adam state, a random
-    batch; one jitted computation so that CPU tests compile once."""
-    return jax.jit(partial(_init, config))(rng)
-
-
-def _init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    k_params, k_batch = jax.random.split(rng)
-    batch = make_batch(config, k_batch)
-    params = init_params(MLP(config), k_params, batch["x"])
-    return params, optax.adam(config.learning_rate).init(params), batch
+    batch."""
+    return init_for_training(config, rng, make_batch,
+                             lambda key, batch: init_params(MLP(config), key, batch["x"]))
 
 
 def make_train_step(config: Config) -> TrainStep:
-    return make_adam_train_step(lambda p, b: loss_fn(config, p, b), config.learning_rate)[1]
+    return adam_train_step(config, loss_fn)

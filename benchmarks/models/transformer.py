@@ -37,7 +37,6 @@ Batch: ``{"tokens": i32[B, S], "targets": i32[B, S]}``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 import flax.linen as nn
@@ -50,9 +49,10 @@ from benchmarks.models.common import (
     MultiHeadAttention,
     PyTree,
     TrainStep,
+    adam_train_step,
     causal_mask,
+    init_for_training,
     init_params,
-    make_adam_train_step,
 )
 
 BLOCK_PARAMS = 8
@@ -194,20 +194,15 @@ def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
     get *identical* weights from the same ``rng`` (see
     :func:`~benchmarks.models.common.fill_params` for the initialiser).
     """
-    return jax.jit(partial(_init, config))(rng)
+    def params_for(key: jax.Array, batch: Batch) -> PyTree:
+        params = init_params(Transformer(replace(config, scan=False)), key, batch["tokens"])
+        return stack_blocks(params, config.layers) if config.scan else params
 
-
-def _init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    k_params, k_batch = jax.random.split(rng)
-    batch = make_batch(config, k_batch)
-    params = init_params(Transformer(replace(config, scan=False)), k_params, batch["tokens"])
-    if config.scan:
-        params = stack_blocks(params, config.layers)
-    return params, optax.adam(config.learning_rate).init(params), batch
+    return init_for_training(config, rng, make_batch, params_for)
 
 
 def make_train_step(config: Config) -> TrainStep:
-    return make_adam_train_step(lambda p, b: loss_fn(config, p, b), config.learning_rate)[1]
+    return adam_train_step(config, loss_fn)
 
 
 def stack_blocks(params: PyTree, layers: int) -> PyTree:

@@ -28,21 +28,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from benchmarks.models.common import (
     Batch,
     MultiHeadAttention,
     PyTree,
     TrainStep,
+    adam_train_step,
+    init_for_training,
     init_params,
-    make_adam_train_step,
 )
 
 
@@ -198,16 +197,11 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
     """Parameters (see :func:`~benchmarks.models.common.fill_params`), Adam state, a random
-    batch; one jitted computation so that CPU tests compile once."""
-    return jax.jit(partial(_init, config))(rng)
-
-
-def _init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    k_params, k_batch = jax.random.split(rng)
-    batch = make_batch(config, k_batch)
-    params = init_params(UNet(config), k_params, batch["images"], batch["t"])
-    return params, optax.adam(config.learning_rate).init(params), batch
+    batch."""
+    return init_for_training(
+        config, rng, make_batch,
+        lambda key, batch: init_params(UNet(config), key, batch["images"], batch["t"]))
 
 
 def make_train_step(config: Config) -> TrainStep:
-    return make_adam_train_step(lambda p, b: loss_fn(config, p, b), config.learning_rate)[1]
+    return adam_train_step(config, loss_fn)
