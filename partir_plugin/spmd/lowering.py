@@ -40,14 +40,38 @@ class SpmdProgram:
     counts: dict[str, int] = field(default_factory=dict)
 
     def text(self) -> str:
-        n = self.mesh.size
-        return print_func(self.func, module_attrs=f"mhlo.num_partitions = 1 : i32, "
-                                                  f"mhlo.num_replicas = {n} : i32")
+        return print_func(self.func, module_attrs=spmd_module_attrs(self.mesh))
+
+
+def spmd_module_attrs(mesh: Mesh) -> str:
+    """A device-local module runs once per partition (device) of an SPMD program, as a
+    `shard_map` body does: one replica, `mesh.size` partitions."""
+    return f"mhlo.num_partitions = {mesh.size} : i32, mhlo.num_replicas = 1 : i32"
+
+
+# Collectives are written as jax's shard_map writes them, so the program embeds in a jax
+# SPMD computation: cross-partition groups of global device ids (our mesh positions, which
+# are jax's partition ids), and a channel on every collective. The handle is a placeholder:
+# `runtime.embed` numbers channels afresh where the module is merged into a jax program.
+# Without the channel XLA reads the groups as replica ids and, with one replica, gives wrong
+# numbers; the tests check every collective carries one.
+CHANNEL = "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>"
+_GLOBAL_IDS = "use_global_device_ids"
 
 
 def _groups_attr(groups: list[list[int]]) -> str:
     body = ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups)
     return f"dense<[{body}]> : tensor<{len(groups)}x{len(groups[0])}xi64>"
+
+
+def _channel() -> dict[str, str]:
+    key, value = CHANNEL.split(" = ", 1)
+    return {key: value}
+
+
+def _grouped(groups: list[list[int]]) -> dict[str, str]:
+    """all_reduce / all_gather / reduce_scatter attributes: groups of global device ids."""
+    return {"replica_groups": _groups_attr(groups), **_channel(), _GLOBAL_IDS: "unit"}
 
 
 def _i64_array(values) -> str:
@@ -65,7 +89,7 @@ class _Emitter:
     def __init__(self, mesh: Mesh, block: Block):
         self.mesh = mesh
         self.block = block
-        self._replica: Value | None = None
+        self._device: Value | None = None
         self.plans: list = []  # redistribution plans emitted by `convert`, in order
 
     def emit(self, name, operands, result_types, attrs=None, regions=None) -> Op:
@@ -94,16 +118,18 @@ class _Emitter:
         """A tensor of type `to` filled with `n`."""
         return self.broadcast(self.scalar(n, to.element), to)
 
-    def replica(self) -> Value:
-        if self._replica is None:
-            rid = self.emit("stablehlo.replica_id", [], [TensorType((), "ui32")]).results[0]
-            self._replica = self.emit("stablehlo.convert", [rid], [_I32]).results[0]
-        return self._replica
+    def device(self) -> Value:
+        """This device's mesh position as i32: its partition id (never `replica_id`, which
+        is 0 on every device of an SPMD program)."""
+        if self._device is None:
+            pid = self.emit("stablehlo.partition_id", [], [TensorType((), "ui32")]).results[0]
+            self._device = self.emit("stablehlo.convert", [pid], [_I32]).results[0]
+        return self._device
 
     def per_device(self, values: list[int]) -> Value:
-        """A scalar i32 holding `values[replica_id]` on each device."""
+        """A scalar i32 holding `values[partition_id]` on each device."""
         table = self.constant_i32(values)
-        one = self.emit("stablehlo.dynamic_slice", [table, self.replica()],
+        one = self.emit("stablehlo.dynamic_slice", [table, self.device()],
                         [TensorType((1,), "i32")], {"slice_sizes": _i64_array([1])}).results[0]
         return self.emit("stablehlo.reshape", [one], [_I32]).results[0]
 
@@ -128,7 +154,7 @@ class _Emitter:
 
     def all_reduce(self, x: Value, axes, kind: str) -> Value:
         op = self.emit("stablehlo.all_reduce", [x], [x.type],
-                       {"replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))},
+                       _grouped(self.mesh.groups(tuple(axes))),
                        [self._reducer(kind, x.type.element)])
         return mark(op, "all_reduce", axes).results[0]
 
@@ -137,7 +163,7 @@ class _Emitter:
         shape[dim] //= self.mesh.product(axes)
         op = self.emit("stablehlo.reduce_scatter", [x], [x.type.with_shape(tuple(shape))],
                        {"scatter_dimension": f"{dim} : i64",
-                        "replica_groups": _groups_attr(self.mesh.groups(tuple(axes)))},
+                        **_grouped(self.mesh.groups(tuple(axes)))},
                        [self._reducer(kind, x.type.element)])
         return mark(op, "reduce_scatter", axes).results[0]
 
@@ -149,7 +175,7 @@ class _Emitter:
         shape = list(x.type.shape)
         shape[dim] *= len(groups[0])
         op = self.emit("stablehlo.all_gather", [x], [x.type.with_shape(tuple(shape))],
-                       {"all_gather_dim": f"{dim} : i64", "replica_groups": _groups_attr(groups)})
+                       {"all_gather_dim": f"{dim} : i64", **_grouped(groups)})
         return mark(op, "all_gather", axes).results[0]
 
     def all_to_all(self, x: Value, split_dim: int, concat_dim: int, axes) -> Value:
@@ -168,7 +194,7 @@ class _Emitter:
                        {"split_dimension": f"{split_dim} : i64",
                         "concat_dimension": f"{concat_dim} : i64",
                         "split_count": f"{k} : i64",
-                        "replica_groups": _groups_attr(groups)})
+                        "replica_groups": _groups_attr(groups), **_channel()})
         return mark(op, "all_to_all", axes).results[0]
 
     def all_slice(self, x: Value, new_axes: dict[int, tuple[str, ...]]) -> Value:
@@ -202,7 +228,8 @@ class _Emitter:
         """Replica s sends its tile to t for every (s, t) in `pairs`."""
         body = ", ".join(f"[{s}, {t}]" for s, t in pairs)
         op = self.emit("stablehlo.collective_permute", [x], [x.type],
-                       {"source_target_pairs": f"dense<[{body}]> : tensor<{len(pairs)}x2xi64>"})
+                       {"source_target_pairs": f"dense<[{body}]> : tensor<{len(pairs)}x2xi64>",
+                        **_channel()})
         return mark(op, "all_permute", axes).results[0]
 
 
