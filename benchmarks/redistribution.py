@@ -6,7 +6,7 @@ dimension, in the source and the target independently, global sizes log-uniform 
 [--min-mb, --max-mb]. Per problem, in the same process:
 
 - ours: `plan_redistribution` (synthesis time, fresh), the one-op device-local module compiled
-  with num_replicas = 8 (`partir_plugin.spmd.reshard`), run on the placed input;
+  as a jax function (`partir_plugin.runtime.reshard`), run on the placed input;
 - XLA: `jax.jit(lambda x: x, out_shardings=target)` on the same placed input.
 
 Measured: exact equality with the input, bytes moved per device (sum over the collectives of
@@ -33,10 +33,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from partir_plugin.runtime.reshard import program_for, reshard  # noqa: E402
 from partir_plugin.spmd.redistribution import plan_redistribution  # noqa: E402
 from partir_plugin.spmd.redistribution.types import normalize_spec  # noqa: E402
-from partir_plugin.spmd.reshard import compiled as reshard_executable  # noqa: E402
-from partir_plugin.spmd.reshard import reshard  # noqa: E402
 
 MESH = {"a": 2, "b": 2, "c": 2}
 ROOT = harness.ROOT
@@ -185,7 +184,7 @@ def run_problem(mesh, shape, src, dst, runs: int) -> dict:
     t0 = time.perf_counter()
     plan = plan_redistribution(mesh, shape, "f32", src_n, dst_n)
     synth = time.perf_counter() - t0
-    _, exe = reshard_executable(mesh, shape, xs.dtype, src_n, dst_n)
+    exe = program_for(mesh, shape, xs.dtype, src_n, dst_n)
     ours = reshard(xs, target)
     ok = ours.sharding == target and np.array_equal(np.asarray(ours), x)
     del ours

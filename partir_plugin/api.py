@@ -10,64 +10,45 @@ from .core.mesh import Mesh
 from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, trace
-from .runtime.executable import DeviceLocalExecutable, jax_mesh_for
+from .runtime.executable import DeviceLocalFunction, jax_mesh_for
 
 
-def _avals_key(leaves, treedef) -> tuple:
-    """What a compiled program is specialised on: the pytree structure, shapes and dtypes."""
-    import numpy as np
-
-    return (treedef, tuple((x.shape, x.dtype) if hasattr(x, "dtype") and hasattr(x, "shape")
-                           else (np.shape(x), np.result_type(x)) for x in leaves))
-
-
-def donated_leaves(args: tuple, donate: tuple[int, ...]) -> list[int]:
-    """Flat leaf indices of the arguments listed in `donate_argnums`."""
+def _aval_key(x) -> tuple:
+    """What a partitioned program is specialised on, per leaf: shape, dtype, weak type."""
     import jax
 
-    out, start = [], 0
-    for i, a in enumerate(args):
-        n = len(jax.tree_util.tree_leaves(a))
-        if i in donate:
-            out.extend(range(start, start + n))
-        start += n
-    return out
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return (tuple(x.shape), x.dtype, x.weak_type)
+    aval = jax.typeof(x)
+    return (tuple(aval.shape), aval.dtype, aval.weak_type)
+
+
+def _abstract(x):
+    """A leaf as an unsharded ShapeDtypeStruct: partitioning starts from the logical
+    program, whatever sharding an argument carries."""
+    import jax
+
+    shape, dtype, weak = _aval_key(x)
+    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
 
 
 @dataclass
-class Compiled:
-    """A partitioned, compiled program for one set of input avals."""
+class Partition:
+    """The partitioned program for one set of input avals, as a traceable jax function."""
 
     traced: Traced
     partitioned: Partitioned
-    executable: DeviceLocalExecutable
+    function: DeviceLocalFunction
     key: tuple
-    donate: tuple[int, ...]
 
-    def __call__(self, *args):
+    def __call__(self, args: tuple):
         import jax
 
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = _avals_key(leaves, treedef)
-        if key != self.key:
-            raise InputMismatchError(_describe_mismatch(self.key, key, self.traced))
-        return self._run(args, leaves)
-
-    def _run(self, args, leaves):
-        import jax
-
-        outs = self.executable(leaves)
-        if self.donate:
-            for i in donated_leaves(args, self.donate):
-                if isinstance(leaves[i], jax.Array):
-                    leaves[i].delete()
+        outs = self.function(*jax.tree_util.tree_leaves(args))
         return jax.tree_util.tree_unflatten(self.traced.out_tree, outs)
 
     def as_text(self) -> str:
         return self.partitioned.program.text()
-
-    def compiled_hlo(self) -> str:
-        return self.executable.hlo_text()
 
 
 def _describe_mismatch(expected: tuple, got: tuple, traced: Traced) -> str:
@@ -76,17 +57,81 @@ def _describe_mismatch(expected: tuple, got: tuple, traced: Traced) -> str:
         return (f"arguments have structure {gtree} but the program was partitioned for "
                 f"{etree}")
     for leaf, e, g in zip(traced.leaves, eleaves, gleaves):
-        if e != g:
+        if e[:2] != g[:2]:
             return (f"argument {leaf.qualified!r} has shape {g[0]} and dtype {g[1]} but the "
                     f"program was partitioned for shape {e[0]} and dtype {e[1]}")
     return "arguments differ from those the program was partitioned for"
 
 
+class Lowered:
+    """`step.lower(*args)`: the partitioned program, staged as jax stages it.
+
+    `as_text()` is the device-local StableHLO (what every device runs, collectives
+    explicit); `jax_lowered` the enclosing jax program that embeds it; `compile()` compiles.
+    """
+
+    def __init__(self, partition: Partition, jax_lowered, bind) -> None:
+        self.partition = partition
+        self.jax_lowered = jax_lowered
+        self._bind = bind  # (args, kwargs) -> positional args, as the step binds them
+
+    @property
+    def partitioned(self) -> Partitioned:
+        return self.partition.partitioned
+
+    @property
+    def traced(self) -> Traced:
+        return self.partition.traced
+
+    def as_text(self) -> str:
+        return self.partition.as_text()
+
+    def compile(self) -> Compiled:
+        return Compiled(self.partition, self.jax_lowered.compile(), self._bind)
+
+
+class Compiled:
+    """A compiled partitioned program: call it with arguments of the avals it was lowered for.
+
+    `as_text()` is XLA's compiled HLO (its collectives are ours); `memory_analysis()` and
+    `cost_analysis()` are XLA's.
+    """
+
+    def __init__(self, partition: Partition, jax_compiled, bind) -> None:
+        self.partition = partition
+        self.jax_compiled = jax_compiled
+        self._bind = bind
+
+    def __call__(self, *args, **kwargs):
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(self._bind(args, kwargs))
+        key = (treedef, tuple(_aval_key(x) for x in leaves))
+        expected = self.partition.key
+        if (key[0], [k[:2] for k in key[1]]) != (expected[0], [k[:2] for k in expected[1]]):
+            raise InputMismatchError(_describe_mismatch(expected, key, self.partition.traced))
+        return self.jax_compiled(*args, **kwargs)
+
+    def as_text(self) -> str:
+        return self.jax_compiled.as_text()
+
+    def memory_analysis(self):
+        return self.jax_compiled.memory_analysis()
+
+    def cost_analysis(self):
+        return self.jax_compiled.cost_analysis()
+
+
 class PartitionedFunction:
-    """What `jit` returns: call it like the function; it partitions on first use per avals."""
+    """What `jit` returns: call it like the function (a jax function: it works inside a
+    user's `jax.jit`, `lax.scan` and `jax.export`); it partitions on first use per avals."""
 
     def __init__(self, fn, mesh, schedule: Sequence, donate_argnums=(), hardware=None,
                  metadata: Metadata | None = None):
+        import functools
+
+        import jax
+
         self.fn = fn
         self.jax_mesh = jax_mesh_for(mesh)
         self.mesh = Mesh.of(self.jax_mesh)
@@ -95,7 +140,18 @@ class PartitionedFunction:
                             else donate_argnums)
         self.hardware = hardware
         self.metadata = metadata if metadata is not None else Metadata()
-        self._cache: dict[tuple, Compiled] = {}
+        self._cache: dict[tuple, Partition] = {}
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            if hasattr(fn, attr):
+                setattr(self, attr, getattr(fn, attr))
+        self.__wrapped__ = fn  # jax.jit(step) and inspect see the function's signature
+        # One jax.jit over the traceable step: jax caches the trace per avals and dispatches
+        # warm calls in C++; the trace partitions (once per avals, see `partition`).
+        @functools.wraps(fn)
+        def traced_call(*args, **kwargs):
+            return self._traced_call(*args, **kwargs)
+
+        self._jitted = jax.jit(traced_call, donate_argnums=self.donate)
 
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
         """Keyword arguments bound to the function's parameters, in order (as jax.jit does);
@@ -114,51 +170,53 @@ class PartitionedFunction:
                             f"pass them positionally")
         return bound.args
 
-    def lower(self, *args, **kwargs) -> Compiled:
-        """Partition and compile for these arguments (arrays or ShapeDtypeStructs)."""
+    def partition(self, args: tuple) -> Partition:
+        """The partitioned program for `args` (arrays, tracers or ShapeDtypeStructs): traced,
+        scheduled and lowered on first sight of their avals, then cached."""
         import jax
 
-        args = self._positional(args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = _avals_key(leaves, treedef)
-        if key in self._cache:
-            return self._cache[key]
-        traced = trace(self.fn, args)
+        key = (treedef, tuple(_aval_key(x) for x in leaves))
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        traced = trace(self.fn, jax.tree_util.tree_map(_abstract, args))
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
                               hardware=self.hardware, arg_names=traced.arg_names)
         program = part.program
-        for i in donated_leaves(args, self.donate):
-            program.func.arg_attrs[i] = "jax.buffer_donor = true"
-        out_types = [(a.shape, a.dtype) for a in traced.out_avals]
-        exe = DeviceLocalExecutable(program.text(), self.jax_mesh, program.in_layouts,
-                                    program.out_layouts, out_types)
-        compiled = Compiled(traced, part, exe, key, self.donate)
-        self._cache[key] = compiled
-        self._fill_metadata(compiled)
-        return compiled
+        function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"), program.text(),
+                                       self.jax_mesh, program.in_layouts, program.out_layouts,
+                                       traced.out_avals)
+        found = self._cache[key] = Partition(traced, part, function, key)
+        self._fill_metadata(found)
+        return found
 
-    def _fill_metadata(self, c: Compiled) -> None:
+    def _traced_call(self, *args, **kwargs):
+        """The step as jax traces it: the partitioned program on these (abstract) args."""
+        args = self._positional(args, kwargs)
+        return self.partition(args)(args)
+
+    def _fill_metadata(self, p: Partition) -> None:
         import jax
 
         m = self.metadata
-        m.tactics = c.partitioned.reports
+        m.tactics = p.partitioned.reports
         m.mesh = self.mesh.shape
         m.hardware = getattr(self.hardware, "name", self.hardware)
-        m.in_shardings = jax.tree_util.tree_unflatten(c.traced.in_tree, [
-            *c.executable.in_shardings])[0]
-        m.out_shardings = jax.tree_util.tree_unflatten(c.traced.out_tree,
-                                                       c.executable.out_shardings)
-        m.device_local_stablehlo = c.as_text()
+        m.in_shardings = jax.tree_util.tree_unflatten(p.traced.in_tree, [
+            *p.function.in_shardings])[0]
+        m.out_shardings = jax.tree_util.tree_unflatten(p.traced.out_tree,
+                                                       p.function.out_shardings)
+        m.device_local_stablehlo = p.as_text()
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """Partition for these arguments (arrays or ShapeDtypeStructs) and lower the step."""
+        lowered = self._jitted.lower(*args, **kwargs)
+        return Lowered(self.partition(self._positional(args, kwargs)), lowered,
+                       self._positional)
 
     def __call__(self, *args, **kwargs):
-        import jax
-
-        args = self._positional(args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        compiled = self._cache.get(_avals_key(leaves, treedef))
-        if compiled is None:
-            compiled = self.lower(*args)
-        return compiled._run(args, leaves)
+        return self._jitted(*args, **kwargs)
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
@@ -198,6 +256,6 @@ def plan_redistribution(mesh, global_shape, dtype, src_spec, dst_spec) -> Any:
 
 def reshard(x, sharding):
     """Move `x` to `sharding` (a NamedSharding) with a memory-bounded plan run through PJRT."""
-    from .spmd.reshard import reshard as run
+    from .runtime.reshard import reshard as run
 
     return run(x, sharding)

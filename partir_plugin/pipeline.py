@@ -65,7 +65,8 @@ def trace(fn, args: tuple) -> Traced:
     import jax
 
     names = argument_names(fn, len(args))
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, weak_type=getattr(x, "weak_type", False)), args)
     lowered = jax.jit(fn, keep_unused=True).lower(*abstract)
     func = import_lowered(lowered)
     leaves: list[Leaf] = []

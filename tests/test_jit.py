@@ -133,32 +133,43 @@ def test_mlp_bp_mp_z3_schedule():
         assert "batch" in jax.tree.leaves(tuple(leaf.spec))
 
 
+def hlo_collective_counts(hlo: str) -> dict[str, int]:
+    """Collectives in compiled HLO text, by our kind names (async pairs counted once)."""
+    ops = {"all_reduce": "all-reduce", "all_gather": "all-gather",
+           "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all",
+           "all_permute": "collective-permute"}
+    return {k: len(re.findall(rf"= \S+ {op}(?:-start)?\(", hlo)) for k, op in ops.items()}
+
+
 def test_compiled_collectives_are_exactly_ours():
-    """XLA's own partitioner adds nothing: the executable's HLO has our collectives only."""
+    """XLA's own partitioner adds nothing: the compiled HLO of the step, and of the step
+    inside a user's jax.jit, has our collectives only."""
     train_step, params, opt_state, batch = _mlp_setup()
     schedule = [partir.ManualPartition({"batch": 0}, axis="batch", name="BP"),
                 partir.ManualPartition({"params": mlp.megatron_rule}, axis="model", name="MP")]
     step, meta = partir.jit(train_step, {"batch": 4, "model": 2}, schedule)
-    compiled = step.lower(params, opt_state, batch)
-    from partir_plugin.runtime.executable import DeviceLocalExecutable
-
-    program = compiled.partitioned.program
-    # Combiner passes merge collectives into tuple ones; disable them for this count only.
-    exe = DeviceLocalExecutable(program.text(), step.jax_mesh, program.in_layouts,
-                                program.out_layouts, [], disabled_passes=(
-                                    "all-reduce-combiner", "cpu-all-reduce-combiner",
-                                    "all-gather-combiner", "reduce-scatter-combiner"))
-    hlo = exe.hlo_text()
+    step.lower(params, opt_state, batch)
     ours = meta.tactics[-1].collectives
-    assert len(re.findall(r"= \S+ all-reduce\(", hlo)) == ours["all_reduce"]
-    assert len(re.findall(r"all-gather\(", hlo)) == ours["all_gather"]
-    assert len(re.findall(r"reduce-scatter\(", hlo)) == ours["reduce_scatter"]
-    assert len(re.findall(r"all-to-all\(", hlo)) == ours["all_to_all"]
+    # Combiner passes merge collectives into tuple ones; disable them for this count only.
+    combiners = ("all-reduce-combiner,cpu-all-reduce-combiner,all-gather-combiner,"
+                 "reduce-scatter-combiner")
+    options = {"xla_disable_hlo_passes": combiners}
+    own = step.lower(params, opt_state, batch).jax_lowered.compile(options).as_text()
+    assert hlo_collective_counts(own) == ours
+
+    def outer(params, opt_state, batch):
+        new_params, new_opt, loss = step(params, opt_state, batch)
+        return new_params, new_opt, loss * 2.0
+
+    enclosing = jax.jit(outer, in_shardings=tuple(meta.in_shardings),
+                        out_shardings=(*meta.out_shardings[:2], None))
+    hlo = enclosing.lower(params, opt_state, batch).compile(options).as_text()
+    assert hlo_collective_counts(hlo) == ours
 
 
 def test_new_shapes_repartition_and_lowered_checks_inputs(chain_args):
     step, meta = partir.jit(matmul_chain, {"B": 4, "M": 2}, _listing6())
-    compiled = step.lower(*chain_args)
+    compiled = step.lower(*chain_args).compile()
     x, w1, w2 = chain_args
     with pytest.raises(partir.InputMismatchError, match=r"argument 'x' has shape \(128, 8\)"):
         compiled(x[:128], w1, w2)
@@ -169,16 +180,25 @@ def test_new_shapes_repartition_and_lowered_checks_inputs(chain_args):
     assert meta.device_local_stablehlo.count("tensor<32x8xf32>") >= 1
 
 
-def test_donation_consumes_inputs(chain_args):
-    x, w1, w2 = (jnp.array(a) for a in chain_args)
-    step, _ = partir.jit(matmul_chain, {"B": 4, "M": 2}, _listing6()[:1], donate_argnums=(0,))
-    xs = jax.device_put(x, jax.sharding.NamedSharding(step.jax_mesh,
-                                                      jax.sharding.PartitionSpec("B")))
-    out = step(xs, w1, w2)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(matmul_chain(x, w1, w2)),
-                               rtol=1e-5, atol=1e-5)
-    assert xs.is_deleted()
-    assert "jax.buffer_donor = true" in step.lower(x, w1, w2).as_text()
+def test_donation_consumes_inputs_and_aliases_buffers():
+    def update(w, g):
+        return w - 0.1 * g, jnp.sum(g)
+
+    w = jnp.arange(64 * 8, dtype=jnp.float32).reshape(64, 8)
+    g = jnp.ones((64, 8), jnp.float32)
+    step, meta = partir.jit(update, {"B": 4, "M": 2},
+                            [partir.ManualPartition({"w": 0, "g": 0}, axis="B")],
+                            donate_argnums=(0,))
+    compiled = step.lower(w, g).compile()
+    # The compiled module writes the new weights into the donated buffer.
+    assert re.search(r"input_output_alias=\{ \{0\}: \(0, \{\}", compiled.as_text())
+    assert compiled.memory_analysis().alias_size_in_bytes == w.nbytes // 4
+    ws = jax.device_put(w, meta.in_shardings[0])
+    new_w, total = step(ws, g)
+    assert ws.is_deleted()
+    ref_w, ref_total = jax.jit(update)(w, g)
+    np.testing.assert_allclose(np.asarray(new_w), np.asarray(ref_w), rtol=1e-6)
+    assert float(total) == float(ref_total)
 
 
 def test_keyword_arguments_bind_like_jax_jit(chain_args):

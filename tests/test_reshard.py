@@ -18,10 +18,10 @@ from paper_examples import FIG_13
 
 import partir_plugin as partir
 from partir_plugin.errors import PartitionError
+from partir_plugin.runtime.reshard import program_for
 from partir_plugin.spmd.lowering import _Lowering
 from partir_plugin.spmd.redistribution import parse_paper_type, plan_redistribution
 from partir_plugin.spmd.redistribution.types import normalize_spec
-from partir_plugin.spmd.reshard import compiled
 
 MESHES = {"abc": {"a": 2, "b": 2, "c": 2}, "a4b2": {"a": 4, "b": 2}}
 _JAX_MESHES: dict[str, jax.sharding.Mesh] = {}
@@ -56,8 +56,9 @@ def run_and_check(mesh_name: str, shape, src, dst, dtype=np.float32):
     np.testing.assert_array_equal(np.asarray(y), x)
     for shard in y.addressable_shards:  # every device holds exactly its target tile
         np.testing.assert_array_equal(np.asarray(shard.data), x[shard.index])
-    plan, exe = compiled(mesh, tuple(shape), xs.dtype, normalize_spec(src, len(shape)),
-                         normalize_spec(dst, len(shape)))
+    program = program_for(mesh, tuple(shape), xs.dtype, normalize_spec(src, len(shape)),
+                          normalize_spec(dst, len(shape)))
+    plan, exe = program.plan, program
     want = {k: sum(s.kind == k for s in plan.steps) for k in _HLO_KIND}
     assert hlo_collectives(exe.hlo_text()) == want, plan.pretty()
     assert plan.peak_bytes <= plan.bound_bytes

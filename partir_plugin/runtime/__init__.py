@@ -1,5 +1,5 @@
-"""Compile device-local StableHLO through PJRT and run it on a mesh's devices (DESIGN §2.3)."""
+"""Run device-local StableHLO as a jax function on a mesh's devices (DESIGN §2.3)."""
 
-from .executable import DeviceLocalExecutable, jax_mesh_for
+from .executable import DeviceLocalFunction, jax_mesh_for
 
-__all__ = ["DeviceLocalExecutable", "jax_mesh_for"]
+__all__ = ["DeviceLocalFunction", "jax_mesh_for"]

@@ -1,22 +1,28 @@
-"""A device-local program compiled for `num_replicas = mesh.size`, one replica per device.
+"""A device-local program as a jax function: `shard_map` over every mesh axis of `partir_call`.
 
-XLA's SPMD partitioner never runs: the module has `num_partitions = 1`, so the executable's
+One runtime path for everything we run (a partitioned step, a `reshard` plan): the function
+takes global arrays with the program's input shardings and returns global arrays with its
+output shardings. jax traces it like any function, so under `jax.jit` it dispatches through
+jax's C++ path and inside a user's `jax.jit` or `lax.scan` it is embedded in their program.
+The shard_map is fully manual, so XLA's SPMD partitioner leaves its body alone: the compiled
 collectives are exactly the ones our lowering wrote.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import jax
 import numpy as np
 
 from ..core.mesh import Mesh
 from ..errors import PartitionError
 from ..spmd.layout import Layout
+from .embed import DeviceLocalModule, fresh_name, partir_call_p
 
 
-def jax_mesh_for(mesh) -> jax.sharding.Mesh:  # noqa: F821
+def jax_mesh_for(mesh) -> jax.sharding.Mesh:
     """A `jax.sharding.Mesh` for `mesh` (a jax Mesh is returned as is)."""
-    import jax
-
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
     m = Mesh.of(mesh)
@@ -30,103 +36,50 @@ def jax_mesh_for(mesh) -> jax.sharding.Mesh:  # noqa: F821
                              m.names)
 
 
-def compile_options(devices, num_replicas: int, disabled_passes: tuple[str, ...] = ()):
-    from jax._src.lib import xla_client as xc
-
-    opts = xc.CompileOptions()
-    build = opts.executable_build_options
-    build.num_replicas = num_replicas
-    build.num_partitions = 1
-    build.device_assignment = xc.DeviceAssignment.create(
-        np.array([[d.id] for d in devices], dtype=np.int64))
-    if disabled_passes:
-        build.debug_options.xla_disable_hlo_passes = ",".join(disabled_passes)
-    return opts
+def local_aval(global_aval, layout: Layout, mesh: Mesh) -> jax.core.ShapedArray:
+    """The per-device aval of a value with `layout` (a key array stays a key array)."""
+    shape = tuple(s // mesh.product(d) for s, d in zip(global_aval.shape, layout.dims))
+    return jax.core.ShapedArray(shape, global_aval.dtype)
 
 
-class DeviceLocalExecutable:
-    """Runs a device-local module on the devices of `jax_mesh` (replica r = devices.flat[r])."""
+class DeviceLocalFunction:
+    """Global arrays in, global arrays out: `module_text` run on every device of `jax_mesh`.
 
-    def __init__(self, module_text: str, jax_mesh, in_layouts: list[Layout],
-                 out_layouts: list[Layout], out_types, *, disabled_passes: tuple[str, ...] = ()):
-        import jax
-        import jax.extend
-        from jax._src.lib import xla_client as xc
+    `in_layouts`/`out_layouts` are the device-local program's argument and result layouts;
+    `out_avals` the global avals of its results.
+    """
 
+    def __init__(self, name: str, module_text: str, jax_mesh: jax.sharding.Mesh,
+                 in_layouts: Sequence[Layout], out_layouts: Sequence[Layout],
+                 out_avals: Sequence) -> None:
+        mesh = Mesh.of(jax_mesh)
         self.jax_mesh = jax_mesh
-        self.devices = list(jax_mesh.devices.flat)
-        backend = jax.extend.backend.get_backend(self.devices[0].platform)
-        opts = compile_options(self.devices, len(self.devices), disabled_passes)
-        self.executable = backend.compile_and_load(module_text, xc.DeviceList(
-            tuple(self.devices)), opts)
-        sh = jax.sharding.NamedSharding
-        self.in_shardings = [sh(jax_mesh, lay.spec()) for lay in in_layouts]
-        self.out_shardings = [sh(jax_mesh, lay.spec()) for lay in out_layouts]
-        self.out_types = out_types  # global (shape, dtype) per output
+        self.in_specs = tuple(lay.spec() for lay in in_layouts)
+        self.out_specs = tuple(lay.spec() for lay in out_layouts)
+        self.module = DeviceLocalModule(
+            fresh_name(name), module_text,
+            tuple(local_aval(a, lay, mesh) for a, lay in zip(out_avals, out_layouts)))
+        # On a mesh with Explicit axes an argument's sharding is part of its type and
+        # shard_map takes it as it is: such arguments are resharded to the program's
+        # layouts first (on Auto axes jax places them itself).
+        self._explicit = any(t == jax.sharding.AxisType.Explicit
+                             for t in getattr(jax_mesh, "axis_types", ()))
+        self._mapped = jax.shard_map(self._per_device, mesh=jax_mesh, in_specs=self.in_specs,
+                                     out_specs=self.out_specs, check_vma=False)
 
-    def hlo_text(self) -> str:
-        return self.executable.hlo_modules()[0].to_string()
+    @property
+    def in_shardings(self) -> list[jax.sharding.NamedSharding]:
+        return [jax.sharding.NamedSharding(self.jax_mesh, s) for s in self.in_specs]
 
-    def memory_analysis(self):
-        return self.executable.get_compiled_memory_stats()
+    @property
+    def out_shardings(self) -> list[jax.sharding.NamedSharding]:
+        return [jax.sharding.NamedSharding(self.jax_mesh, s) for s in self.out_specs]
 
-    def place(self, leaves) -> list:
-        """Inputs as jax.Arrays with the expected NamedShardings (moved only when needed)."""
-        import jax
+    def _per_device(self, *tiles):
+        return tuple(partir_call_p.bind(*tiles, module=self.module))
 
-        placed = []
-        for x, s in zip(leaves, self.in_shardings):
-            if isinstance(x, jax.Array) and x.sharding == s:
-                placed.append(x)
-            elif isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim):
-                placed.append(x)
-            else:
-                placed.append(jax.device_put(x, s))
-        # Typed PRNG keys travel as their raw uint32 data, as the StableHLO program sees them.
-        return [jax.random.key_data(x) if _is_key(x.dtype) else x for x in placed]
-
-    def __call__(self, leaves, out_shardings=None) -> list:
-        """Run on `leaves`; results carry `out_shardings` when given (equivalent shardings
-        spelled as the caller wants them, e.g. `P('a', None)` for our `P('a')`)."""
-        import jax
-
-        placed = self.place(leaves)
-        results = self.executable.execute_sharded(placed)
-        outs = []
-        for arrays, s, (shape, dtype) in zip(results.disassemble_into_single_device_arrays(),
-                                             out_shardings or self.out_shardings,
-                                             self.out_types):
-            if _is_key(dtype):
-                data_shape = tuple(shape) + tuple(arrays[0].shape[len(arrays[0].shape)
-                                                                  - _key_rank(dtype):])
-                data = _assemble(data_shape, arrays[0].dtype, s, arrays)
-                outs.append(jax.random.wrap_key_data(data, impl=dtype._impl.name))
-            else:
-                outs.append(_assemble(shape, dtype, s, arrays))
-        return outs
-
-
-def _assemble(shape, dtype, sharding, arrays):
-    """A global jax.Array from per-device results. PJRT returns them in the device assignment's
-    order, which is the mesh's, so jax's checks (and their cost, several ms per train step
-    with hundreds of outputs) can be skipped; the public constructor is the fallback."""
-    import jax
-
-    try:
-        from jax._src.array import ArrayImpl
-
-        aval = jax.core.ShapedArray(tuple(shape), dtype)
-        return ArrayImpl(aval, sharding, arrays, committed=True, _skip_checks=True)
-    except (ImportError, TypeError, AttributeError):
-        return jax.make_array_from_single_device_arrays(tuple(shape), sharding, arrays)
-
-
-def _is_key(dtype) -> bool:
-    import jax
-
-    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _key_rank(dtype) -> int:
-    """Trailing dimensions a key's raw data adds (1 for threefry's uint32[2])."""
-    return len(dtype._impl.key_shape)
+    def __call__(self, *leaves) -> tuple:
+        """Traceable: the program's results for the flat input `leaves`."""
+        if self._explicit:
+            leaves = [jax.reshard(x, s) for x, s in zip(leaves, self.in_shardings)]
+        return self._mapped(*leaves)
