@@ -184,16 +184,15 @@ def prepare(model: str, schedule_name: str, make, schedule, mesh) -> Prepared:
 
     step_fn, args = make()
     step, meta = partir.jit(step_fn, mesh, schedule, hardware="host-cpu")
-    compiled = step.lower(*args)
-    stats = compiled.executable.memory_analysis()
+    compiled = step.lower(*args).compile()
+    stats = compiled.memory_analysis()
     xla_mem = (
         stats.argument_size_in_bytes
         + stats.output_size_in_bytes
         + stats.temp_size_in_bytes
         - stats.alias_size_in_bytes
     )
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    placed = jax.tree_util.tree_unflatten(treedef, compiled.executable.place(leaves))
+    placed = jax.device_put(args, meta.in_shardings)
     for _ in range(2):
         jax.block_until_ready(compiled(*placed))
     last = meta.tactics[-1]

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "jit": "api", "reshard": "api", "tag": "api", "plan_redistribution": "api",
-    "PartitionedFunction": "api", "Compiled": "api",
+    "PartitionedFunction": "api", "Lowered": "api", "Compiled": "api",
     "ManualPartition": "tactics", "AutomaticPartition": "tactics", "tactic": "tactics",
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
