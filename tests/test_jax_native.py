@@ -279,3 +279,37 @@ def test_reshard_runs_as_an_spmd_program():
     program = program_for(mesh, x.shape, xs.dtype, normalize_spec(xs.sharding.spec, 2),
                           normalize_spec(target.spec, 2), target)
     assert_spmd_collectives(program.function_text())
+
+
+def _python_frames(fn, args) -> list[str]:
+    frames: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        out = fn(*args)
+    finally:
+        sys.setprofile(None)
+    jax.block_until_ready(out)
+    return frames
+
+
+def test_a_warm_call_runs_no_python_but_the_wrapper():
+    """Warm calls dispatch in jax's C++ path: beside what jax.jit itself runs for the same
+    call (optax's namedtuple states are rebuilt in Python), the only Python frame is our
+    `__call__`."""
+    train_step, params, opt_state, batch = _mlp()
+    step, meta = partir.jit(train_step, MESH, _bp_mp())
+    step.lower(params, opt_state, batch)
+    placed = jax.device_put((params, opt_state, batch), meta.in_shardings)
+    peer = jax.jit(train_step, in_shardings=meta.in_shardings,
+                   out_shardings=meta.out_shardings)
+    for fn in (step, peer):
+        for _ in range(2):
+            jax.block_until_ready(fn(*placed))
+    ours, theirs = _python_frames(step, placed), _python_frames(peer, placed)
+    assert ours[0].endswith("api.py:__call__"), ours
+    assert ours[1:] == theirs
