@@ -10,6 +10,7 @@ from .core.mesh import Mesh
 from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, trace
+from .simulation import resolve_hardware_option
 from .runtime.executable import DeviceLocalExecutable, jax_mesh_for
 
 
@@ -167,8 +168,11 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
 
     Returns the partitioned callable and its `Metadata`, filled when the callable first sees
     arguments (or on `.lower(*args)`), and refreshed when new input shapes cause a new
-    partitioning.
+    partitioning. `hardware` (a spec, or a name or alias in any case) is resolved here, so an
+    unknown name fails now, listing the known ones; None means the default spec the hardware
+    plugins name (`partir_default_hardware`; host-cpu), which the report names.
     """
+    hardware = resolve_hardware_option(hardware)
     f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware)
     return f, f.metadata
 

@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .spmd.collectives import COUNTED_KINDS, Collective
+
+# The name of the report's first row when it shows the unpartitioned program.
+BASELINE = "(replicated)"
+
 
 @dataclass
 class TacticReport:
@@ -22,8 +27,6 @@ class TacticReport:
     actions: list[str] = field(default_factory=list)
 
 
-_SHORT = {"all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS", "all_to_all": "A2A",
-          "all_permute": "AP"}
 
 
 def _fmt_bytes(n) -> str:
@@ -128,7 +131,7 @@ class Metadata:
         """A table, one row per tactic, with the change from the previous tactic."""
         if not self.tactics:
             return "(not partitioned yet: call the function or .lower(*args) first)"
-        head = ["tactic", "AG", "AR", "RS", "A2A", "AP", "est. runtime", "Δ runtime",
+        head = ["tactic", *(k.short for k in COUNTED_KINDS), "est. runtime", "Δ runtime",
                 "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
         rows = []
         prev = None
@@ -141,7 +144,7 @@ class Metadata:
             if prev is not None and t.estimated_peak_memory_bytes is not None and \
                     prev.estimated_peak_memory_bytes:
                 d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
-            rows.append([t.name, *(str(c.get(k, 0)) for k in _SHORT), _fmt_time(
+            rows.append([t.name, *(str(c.get(k, 0)) for k in COUNTED_KINDS), _fmt_time(
                 t.estimated_runtime_s), d_rt, _fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
                 str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
             prev = t
@@ -203,13 +206,13 @@ class Metadata:
         ax_mem.set_title("estimated peak memory / device")
         ax_mem.set_ylabel(munit)
 
-        kinds = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all"]
-        if any(t.collectives.get("all_permute", 0) for t in self.tactics):
-            kinds.append("all_permute")
+        kinds = [k for k in COUNTED_KINDS if k is not Collective.ALL_PERMUTE]
+        if any(t.collectives.get(Collective.ALL_PERMUTE, 0) for t in self.tactics):
+            kinds.append(Collective.ALL_PERMUTE)
         bottom = [0] * len(xs)
         for kind in kinds:
             counts = [t.collectives.get(kind, 0) for t in self.tactics]
-            ax_col.bar(xs, counts, bottom=bottom, label=_SHORT[kind])
+            ax_col.bar(xs, counts, bottom=bottom, label=kind.short)
             bottom = [b + c for b, c in zip(bottom, counts)]
         ax_col.set_title("collectives")
         ax_col.set_ylabel("count")

@@ -8,6 +8,7 @@ Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,11 @@ from typing import Any
 from .core.actions import Leaf, TacticContext
 from .core.state import PartitionState
 from .errors import PartitionError
+from .search import Budget
+
+
+class PartitionWarning(UserWarning):
+    """A schedule that is valid but probably not what was meant (a rule matching no leaf)."""
 
 
 class _Selector:
@@ -65,6 +71,15 @@ class ManualPartition:
             self._select(ctx, selector, leaves, depth=0, where=arg)
         for tag, selector in self._tag_selectors(ctx.state).items():
             self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
+
+    def _matched_nothing(self, arg: str, leaves: list[Leaf]) -> None:
+        example = next((lf.path for lf in leaves if lf.path), "")
+        message = (f"{self.name}: the selector for argument {arg!r} decided none of its "
+                   f"{len(leaves)} leaves on axis {self.axis!r}"
+                   + (f" (its leaf paths look like {example!r})" if example else ""))
+        if self.strict:
+            raise PartitionError(message)
+        warnings.warn(message, PartitionWarning, stacklevel=3)
 
     def reserve(self, state: PartitionState) -> None:
         """Before the schedule runs: make the tags this tactic decides redistribution points
@@ -125,21 +140,41 @@ class ManualPartition:
         ctx.tile(target, sel, self.axis)
 
 
+def _has_rule(selector: Selector) -> bool:
+    """Whether `selector` holds a callable rule (which may decide nothing without error)."""
+    if isinstance(selector, dict):
+        return any(_has_rule(s) for s in selector.values())
+    return callable(selector) and not isinstance(selector, _Selector)
+
+
 @dataclass
 class AutomaticPartition:
-    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1)."""
+    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1).
+
+    The budget: `budget=200` or `iterations=200` (search iterations), `seconds=30` (wall
+    time), or `budget=Budget(iterations=..., seconds=...)`; with both limits the search stops
+    at the first reached. Nothing given: the searcher's default iteration count.
+    """
 
     axes: list[str]
-    budget: Any = None
+    budget: Budget | int | None = None
     searcher: str = "mcts"
     name: str | None = None
     options: dict = field(default_factory=dict)
+    iterations: int | None = None
+    seconds: float | None = None
 
     def __post_init__(self):
         if isinstance(self.axes, str):
             self.axes = [self.axes]
         if self.name is None:
             self.name = "Auto(" + ",".join(self.axes) + ")"
+        if self.iterations is not None or self.seconds is not None:
+            if self.budget is not None:
+                raise PartitionError("give budget= or iterations=/seconds=, not both")
+            self.budget = Budget(self.iterations, self.seconds)
+        elif self.budget is not None:
+            self.budget = Budget.parse(self.budget)  # checked now, not when the schedule runs
 
     def apply(self, ctx: TacticContext) -> None:
         from .kernel import searchers
@@ -153,15 +188,28 @@ class AutomaticPartition:
         available[self.searcher](budget=self.budget, **self.options).search(ctx, self.axes)
 
 
-def tactic(preset: str, /, **kwargs) -> Any:
-    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")`; keyword
-    arguments (including `name`, the report's label) go to the preset's factory."""
+def tactic(preset: str, /, *args: Any, **kwargs: Any) -> Any:
+    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")` or
+    `tactic("MP", rule, axis="model")`; further arguments (including `name`, the report's
+    label) go to the preset's factory, and a wrong one is reported against its signature."""
+    import inspect
+
     from .kernel import tactic_factories
 
     factories = tactic_factories()
     if preset not in factories:
         raise PartitionError(f"no tactic preset {preset!r} (available: {sorted(factories)})")
-    return factories[preset](**kwargs)
+    factory = factories[preset]
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return factory(*args, **kwargs)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"partir_plugin.tactic({preset!r}, ...): {e}; the preset's "
+                        f"parameters are {preset}{signature}") from None
+    return factory(*args, **kwargs)
 
 
 Tactic = Callable[[TacticContext], None] | ManualPartition | AutomaticPartition

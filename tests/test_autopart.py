@@ -9,17 +9,18 @@ import jax
 import numpy as np
 import optax
 import pytest
+from partir_autopart import MCTSSearcher
+from partir_hardware import A100_40GB
 
 import partir_plugin as partir
 from partir_plugin.core.actions import TacticContext
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.core.propagation import propagate
 from partir_plugin.core.state import PartitionState
-from partir_plugin.core.tmr import default_registry
 from partir_plugin.examples import mlp
+from partir_plugin.kernel import default_registry
 from partir_plugin.pipeline import apply_schedule, trace
-from partir_plugin.plugins.autopart import Budget, MCTSSearcher
-from partir_plugin.plugins.hardware import A100_40GB
+from partir_plugin.search import Budget
 
 OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ...hookspecs import hookimpl
-from ...tactics import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition
+from partir_plugin import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition, hookimpl
 
 
 def batch_parallel(axis: str = "batch", inputs: Sequence[str] = ("batch",), dim: int = 0,

@@ -14,9 +14,9 @@ import random
 from collections import OrderedDict
 from typing import Any
 
-from ...core.actions import TacticContext
-from ...core.state import PartitionState
-from .space import Action, Budget, SearchResult, SearchSpace, progress_bar
+from partir_plugin.extend import Budget, PartitionState, SearchResult, TacticContext
+
+from .space import Action, SearchSpace, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,15 @@ class _Node:
 
 class MCTSSearcher:
     """UCT search. Options (`AutomaticPartition(options=...)`): `hardware` (name or spec;
-    default the context's, else "host-cpu"), `seed` (0), `progress` (None: when stderr is a
+    default the context's, else the `partir_default_hardware` hook's),
+    `seed` (0), `progress` (None: when stderr is a
     TTY), `exploration` (UCT constant, 1.0), `rollout_depth` (4), `max_depth` (8 actions),
     `min_leaf_bytes` (1024), `memory_penalty` (10.0), `cache_states` (256 states kept).
-    `budget`: iterations (int, default 200), seconds (float) or a dict of both."""
+    `budget`: a `Budget(iterations=..., seconds=...)` or an int (iterations; default 200)."""
 
     default_iterations = 200
 
-    def __init__(self, budget: Any = None, *, hardware: Any = None, seed: int = 0,
+    def __init__(self, budget: Budget | int | None = None, *, hardware: Any = None, seed: int = 0,
                  progress: bool | None = None, exploration: float = 1.0,
                  rollout_depth: int = 4, max_depth: int = 8, min_leaf_bytes: int = 1024,
                  memory_penalty: float = 10.0, cache_states: int = 256):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...core.actions import TacticContext
-from .space import Action, Budget, SearchResult, SearchSpace, progress_bar
+from partir_plugin.extend import Budget, SearchResult, TacticContext
+
+from .space import Action, SearchSpace, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -15,12 +16,12 @@ log = logging.getLogger(__name__)
 class GreedySearcher:
     """Steepest descent over tile actions. Options: `hardware`, `progress`, `min_leaf_bytes`,
     `memory_penalty`, `max_depth` (8 actions), `seed` (accepted for symmetry; unused).
-    `budget` counts simulated candidates (int), seconds (float) or both (dict); default none:
-    the search ends when no action helps."""
+    `budget` (a `Budget`, or an int: simulated candidates) limits candidates and/or seconds;
+    default none: the search ends when no action helps."""
 
     default_iterations = None
 
-    def __init__(self, budget: Any = None, *, hardware: Any = None, seed: int = 0,
+    def __init__(self, budget: Budget | int | None = None, *, hardware: Any = None, seed: int = 0,
                  progress: bool | None = None, max_depth: int = 8, min_leaf_bytes: int = 1024,
                  memory_penalty: float = 10.0):
         self.budget = Budget.parse(budget, self.default_iterations)

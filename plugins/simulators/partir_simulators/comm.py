@@ -9,20 +9,27 @@ from __future__ import annotations
 
 import re
 
-from ...core.mesh import Mesh
-from ...ir.graph import Op
-from ...simulation import CollectiveCost, LinkClass
-from ...spmd.collectives import collective_axes, collective_kind
+from partir_plugin.extend import (
+    Collective,
+    CollectiveCost,
+    LinkClass,
+    Mesh,
+    Op,
+    collective_axes,
+    collective_kind,
+)
+
 from .opcost import short_name
 
 # Unmarked StableHLO collectives (e.g. from shard_map) by op name.
 _OP_KINDS = {
-    "all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-    "all_to_all": "all_to_all", "collective_permute": "all_permute",
+    "all_reduce": Collective.ALL_REDUCE, "all_gather": Collective.ALL_GATHER,
+    "reduce_scatter": Collective.REDUCE_SCATTER, "all_to_all": Collective.ALL_TO_ALL,
+    "collective_permute": Collective.ALL_PERMUTE,
 }
 
 
-def ring_steps_and_sent(kind: str, nbytes: float, k: int) -> tuple[int, float]:
+def ring_steps_and_sent(kind: Collective | str, nbytes: float, k: int) -> tuple[int, float]:
     """(latency-bound ring steps, bytes each device sends) for a collective over k devices.
 
     `nbytes` is the full array for all_gather (the result) and reduce_scatter (the operand), the
@@ -30,16 +37,16 @@ def ring_steps_and_sent(kind: str, nbytes: float, k: int) -> tuple[int, float]:
     """
     if k <= 1:
         return 0, 0.0
-    if kind == "all_reduce":  # reduce_scatter then all_gather
+    if kind == Collective.ALL_REDUCE:  # reduce_scatter then all_gather
         return 2 * (k - 1), 2.0 * (k - 1) / k * nbytes
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL):
         return k - 1, (k - 1) / k * nbytes
-    if kind == "all_permute":
+    if kind == Collective.ALL_PERMUTE:
         return 1, float(nbytes)
     raise ValueError(f"no ring model for collective kind {kind!r}")
 
 
-def ring_time(kind: str, nbytes: float, k: int, link: LinkClass) -> float:
+def ring_time(kind: Collective | str, nbytes: float, k: int, link: LinkClass) -> float:
     """steps * latency + sent bytes / bandwidth; e.g. all_reduce:
     2(k-1) * latency + 2(k-1)/k * N / bandwidth."""
     steps, sent = ring_steps_and_sent(kind, nbytes, k)
@@ -52,12 +59,12 @@ def _replica_group_size(op: Op) -> int:
     return int(m.group(2)) if m else 1
 
 
-def communication_kind(op: Op) -> str | None:
+def communication_kind(op: Op) -> Collective | None:
     """The collective kind `op` communicates with, or None for local work (including the
     `all_slice` marker, which is a local dynamic_slice)."""
     kind = collective_kind(op)
     if kind is not None:
-        return None if kind == "all_slice" else kind
+        return kind if kind.counted else None
     return _OP_KINDS.get(short_name(op))
 
 
@@ -69,16 +76,16 @@ def collective_cost(op: Op, mesh: Mesh, hardware, count: int = 1) -> CollectiveC
     axes = collective_axes(op)
     if axes:
         k = mesh.product(axes)
-    elif kind == "all_permute":
+    elif kind == Collective.ALL_PERMUTE:
         k = 2
     else:
         k = _replica_group_size(op)
     link = hardware.link_for_axes(axes)
-    if kind == "all_gather":
+    if kind == Collective.ALL_GATHER:
         nbytes = sum(r.type.nbytes for r in op.results)
     else:
         nbytes = sum(v.type.nbytes for v in op.operands if v.type.is_tensor)
     _, sent = ring_steps_and_sent(kind, nbytes, k)
-    return CollectiveCost(kind=kind, axes=tuple(axes), group_size=k, link=link.name,
+    return CollectiveCost(kind=str(kind), axes=tuple(axes), group_size=k, link=link.name,
                           bytes=int(nbytes), sent_bytes=sent,
                           time_s=ring_time(kind, nbytes, k, link), count=count)

@@ -8,12 +8,13 @@ best sequence found through the tactic context, so it composes with manual tacti
 
 from __future__ import annotations
 
-from ...hookspecs import hookimpl
+from partir_plugin.extend import hookimpl
+
 from .greedy import GreedySearcher
 from .mcts import MCTSSearcher
-from .space import Action, Budget, SearchResult, SearchSpace
+from .space import Action, SearchSpace
 
-__all__ = ["Action", "Budget", "GreedySearcher", "MCTSSearcher", "SearchResult", "SearchSpace"]
+__all__ = ["Action", "GreedySearcher", "MCTSSearcher", "SearchSpace"]
 
 
 @hookimpl

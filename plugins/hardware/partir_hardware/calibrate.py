@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from ...simulation import HardwareSpec, LinkClass
+from partir_plugin.extend import HardwareSpec, LinkClass
+
 from .host import DEFAULT_DEVICES, HOST_CPU, calibration_path, physical_memory_bytes
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if DEVICE_FLAG not in f]
         env = {**os.environ, _CHILD_ENV: "1",
                "XLA_FLAGS": " ".join([*flags, f"{DEVICE_FLAG}={args.devices}"])}
-        cmd = [sys.executable, "-m", __name__, "--budget", str(args.budget),
+        cmd = [sys.executable, "-m", "partir_plugin.cli", "calibrate",
+               "--budget", str(args.budget),
                "--devices", str(args.devices), "--output", str(output)]
         proc = subprocess.run(cmd, env=env)
         return proc.returncode
@@ -184,8 +186,3 @@ def measure(budget_s: float, devices: int) -> dict:
     }
     return data
 
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="partir calibrate", description=__doc__)
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from ...ir.graph import Op
+from partir_plugin.extend import Op
 
 ELEMENTWISE = frozenset({
     "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "negate", "abs",

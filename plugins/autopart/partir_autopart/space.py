@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from ...core.actions import Leaf, TacticContext
-from ...core.propagation import propagate
-from ...core.state import PartitionState
-from ...errors import PartitionError
-from ...simulation import resolve_hardware, resolve_simulator, simulate
-from ...spmd.lowering import lower_to_spmd
+from partir_plugin.extend import (
+    Leaf,
+    PartitionError,
+    PartitionState,
+    TacticContext,
+    UnknownNameError,
+    lower_to_spmd,
+    propagate,
+    resolve_hardware,
+    resolve_simulator,
+    simulate,
+)
 
-DEFAULT_HARDWARE = "host-cpu"
 MEMORY_PENALTY = 10.0
 
 
@@ -41,63 +45,6 @@ class Action:
         return f"tile<argument {leaves[self.leaf].qualified!r}, {self.dim}, {self.axis!r}>"
 
 
-@dataclass
-class Budget:
-    """At most `iterations` iterations and/or `seconds` of wall time (None: no limit)."""
-
-    iterations: int | None = None
-    seconds: float | None = None
-
-    @classmethod
-    def parse(cls, budget: Any, default_iterations: int | None) -> Budget:
-        """`None` (the default), an int (iterations), a float (seconds) or a dict with keys
-        `iterations` and/or `seconds`."""
-        if budget is None:
-            out = cls(default_iterations, None)
-        elif isinstance(budget, bool):
-            raise PartitionError(f"budget must be an int, a float or a dict, not {budget!r}")
-        elif isinstance(budget, int):
-            out = cls(budget, None)
-        elif isinstance(budget, float):
-            out = cls(None, budget)
-        elif isinstance(budget, dict):
-            unknown = sorted(set(budget) - {"iterations", "seconds"})
-            if unknown:
-                raise PartitionError(f"unknown budget keys {unknown} (use 'iterations' and/or "
-                                     f"'seconds')")
-            out = cls(budget.get("iterations"), budget.get("seconds"))
-        else:
-            raise PartitionError(f"budget must be an int (iterations), a float (seconds) or a "
-                                 f"dict {{'iterations': n, 'seconds': s}}; got {budget!r}")
-        for what, value in (("iterations", out.iterations), ("seconds", out.seconds)):
-            if value is not None and not value > 0:
-                raise PartitionError(f"budget {what} must be positive, got {value!r}")
-        return out
-
-    def start(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self._t0
-
-    def spent(self, iterations: int) -> bool:
-        if self.iterations is not None and iterations >= self.iterations:
-            return True
-        return self.seconds is not None and self.elapsed() >= self.seconds
-
-
-@dataclass
-class SearchResult:
-    """What a search found: the best action sequence and its cost against the starting one."""
-
-    actions: list[str]
-    cost: float
-    baseline_cost: float
-    iterations: int
-    evaluations: int
-    seconds: float
-
-
 def progress_bar(total: int | None, enabled: bool | None, desc: str) -> tqdm:
     """A tqdm bar on stderr; shown when `enabled`, or (None) when stderr is a terminal."""
     show = sys.stderr.isatty() if enabled is None else enabled
@@ -110,11 +57,10 @@ class SearchSpace:
 
     def __init__(self, ctx: TacticContext, axes: list[str], hardware: Any = None,
                  min_leaf_bytes: int = 1024, memory_penalty: float = MEMORY_PENALTY):
-        hardware = hardware or ctx.hardware or DEFAULT_HARDWARE
-        try:
-            self.hardware = resolve_hardware(hardware)
-            resolve_simulator("analytical")
-        except KeyError as e:
+        try:  # None: the hardware and simulator the plugins' default hooks name
+            self.hardware = resolve_hardware(hardware or ctx.hardware)
+            self.simulator = resolve_simulator(None)
+        except UnknownNameError as e:
             raise PartitionError(f"automatic partitioning needs a simulator and a hardware "
                                  f"spec: {e.args[0]}") from None
         self.ctx = ctx
@@ -151,7 +97,8 @@ class SearchSpace:
         if key not in self._costs:
             self.evaluations += 1
             program = lower_to_spmd(state)
-            result = simulate(program.func, program.mesh, self.hardware)
+            result = simulate(program.func, program.mesh, self.hardware,
+                              simulator=self.simulator)
             limit = self.hardware.memory_bytes
             overflow = max(0, result.peak_memory_bytes - limit) / limit if limit > 0 else 0.0
             cost = result.runtime_s * (1.0 + self.memory_penalty * overflow)

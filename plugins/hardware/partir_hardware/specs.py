@@ -9,12 +9,13 @@ order-of-magnitude assumptions, visible only for small collectives.
 
 from __future__ import annotations
 
-from ...simulation import HardwareSpec, LinkClass
+from partir_plugin.extend import HardwareSpec, LinkClass
 
 GiB = 2**30
 
 TPU_V3 = HardwareSpec(
     name="tpu-v3",
+    aliases=("tpuv3", "tpu_v3", "v3"),
     # PartIR paper appendix A.2: per tensor core 16 GiB HBM2, 61.5 TFLOP/s f32, 123 bf16/f16.
     flops_per_s={"f32": 61.5e12, "bf16": 123e12, "f16": 123e12},
     memory_bytes=16 * GiB,
@@ -29,6 +30,7 @@ TPU_V3 = HardwareSpec(
 
 A100_40GB = HardwareSpec(
     name="a100-40gb",
+    aliases=("a100", "a100-40g", "a100_40gb"),
     # NVIDIA A100 datasheet (SXM): TF32 156, BF16/FP16 312, FP64 tensor 19.5 TFLOP/s,
     # INT8 624 TOPS; FP32 (non-tensor) 19.5 TFLOP/s for elementwise work.
     flops_per_s={"f32": 156e12, "bf16": 312e12, "f16": 312e12, "f64": 19.5e12, "i8": 624e12},
@@ -45,6 +47,7 @@ A100_40GB = HardwareSpec(
 
 H100_SXM = HardwareSpec(
     name="h100-sxm",
+    aliases=("h100", "h100-80gb", "h100_sxm"),
     # NVIDIA H100 datasheet (SXM), dense: TF32 494.5, BF16/FP16 989.5, FP8 1979, FP64 tensor 67
     # TFLOP/s, INT8 1979 TOPS; FP32 (non-tensor) 67 TFLOP/s.
     flops_per_s={"f32": 494.5e12, "bf16": 989.5e12, "f16": 989.5e12, "f8E4M3FN": 1979e12,
@@ -62,6 +65,7 @@ H100_SXM = HardwareSpec(
 
 H200_SXM = HardwareSpec(
     name="h200-sxm",
+    aliases=("h200", "h200-141gb", "h200_sxm"),
     # NVIDIA H200 datasheet (SXM): the H100's compute (dense figures as above) with 141 GB HBM3e
     # at 4.8 TB/s; NVLink 900 GB/s; HGX H200 pairs each GPU with a 400 Gb/s NIC.
     flops_per_s=dict(H100_SXM.flops_per_s),

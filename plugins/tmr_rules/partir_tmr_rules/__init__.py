@@ -3,11 +3,16 @@ partitioned op needs a lowering that Shardy's rule does not describe (DESIGN.md 
 
 from __future__ import annotations
 
-from ..core.gather import lookup_dim
-from ..core.shardy_rules import entries_from_shardy, splat_value
-from ..core.tmr import Sum, TileMappingRegistry, TMREntry
-from ..hookspecs import hookimpl
-from ..ir.graph import Op
+from partir_plugin.extend import (
+    Op,
+    Sum,
+    TileMappingRegistry,
+    TMREntry,
+    entries_from_shardy,
+    hookimpl,
+    lookup_dim,
+    splat_value,
+)
 
 
 def _result_tiles(op: Op) -> list[TMREntry]:

@@ -11,10 +11,11 @@ import os
 import warnings
 from pathlib import Path
 
-from ...simulation import HardwareSpec, LinkClass
+from partir_plugin.extend import HardwareSpec, LinkClass
 
 CALIBRATION_ENV = "PARTIR_CALIBRATION_FILE"
 HOST_CPU = "host-cpu"
+HOST_ALIASES = ("cpu", "host")
 DEFAULT_DEVICES = 8  # the project runs SPMD programs on 8 virtual CPU devices
 
 
@@ -37,6 +38,7 @@ def default_host_spec(devices: int = DEFAULT_DEVICES) -> HardwareSpec:
     """Conservative figures for one of `devices` virtual devices sharing this host."""
     return HardwareSpec(
         name=HOST_CPU,
+        aliases=HOST_ALIASES,
         flops_per_s={"f32": 5e9, "f64": 2.5e9, "bf16": 1e9},
         memory_bytes=physical_memory_bytes() // max(devices, 1),
         memory_bandwidth_bytes_per_s=1e9,
@@ -57,7 +59,7 @@ def load_host_spec(path: Path | str | None = None) -> HardwareSpec:
         return default_host_spec()
     try:
         data = json.loads(path.read_text())
-        return HardwareSpec.from_dict({**data, "name": HOST_CPU})
+        return HardwareSpec.from_dict({**data, "name": HOST_CPU, "aliases": HOST_ALIASES})
     except (OSError, ValueError, KeyError, TypeError) as e:
         warnings.warn(f"ignoring calibration file {path}: {e}; using default host-cpu figures",
                       stacklevel=2)

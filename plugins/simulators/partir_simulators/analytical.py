@@ -28,9 +28,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ...core.mesh import Mesh
-from ...ir.graph import Block, Func, Op, Value
-from ...simulation import CollectiveCost, SimulationResult
+from partir_plugin.extend import Block, CollectiveCost, Func, Mesh, Op, SimulationResult, Value
+
 from . import opcost
 from .comm import collective_cost, communication_kind
 from .opcost import short_name
