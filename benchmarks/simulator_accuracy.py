@@ -76,7 +76,7 @@ def _mlp_case(hidden: int, layers: int, batch: int, features: int):
 def _transformer_case():
     import jax
 
-    from benchmarks.models import transformer
+    from partir_plugin.models import transformer
 
     config = dataclasses.replace(
         transformer.Config.small(),

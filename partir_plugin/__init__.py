@@ -18,6 +18,7 @@ _EXPORTS = {
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
+    "PartitionWarning": "tactics", "Budget": "search",
     "hookimpl": "hookspecs",
 }
 

@@ -10,8 +10,8 @@ from .core.mesh import Mesh
 from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, trace
-from .simulation import resolve_hardware_option
 from .runtime.executable import DeviceLocalExecutable, jax_mesh_for
+from .simulation import resolve_hardware_option
 
 
 def _avals_key(leaves, treedef) -> tuple:

@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from benchmarks.models.common import (
+from partir_plugin.models.common import (
     Batch,
     PyTree,
     TrainStep,
@@ -150,7 +150,7 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    """Parameters (see :func:`~benchmarks.models.common.fill_params`), Adam state, a random
+    """Parameters (see :func:`~partir_plugin.models.common.fill_params`), Adam state, a random
     graph."""
     return init_for_training(config, rng, make_batch, lambda key, b: init_params(
         GNS(config), key, b["nodes"], b["edges"], b["senders"], b["receivers"]))

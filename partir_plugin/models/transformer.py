@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.models.common import (
+from partir_plugin.models.common import (
     Batch,
     MultiHeadAttention,
     PyTree,
@@ -192,7 +192,7 @@ def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
 
     Weights are drawn for the unrolled layout and stacked for ``scan=True``, so both variants
     get *identical* weights from the same ``rng`` (see
-    :func:`~benchmarks.models.common.fill_params` for the initialiser).
+    :func:`~partir_plugin.models.common.fill_params` for the initialiser).
     """
     def params_for(key: jax.Array, batch: Batch) -> PyTree:
         params = init_params(Transformer(replace(config, scan=False)), key, batch["tokens"])

@@ -1,7 +1,7 @@
 """Parameter-name sharding rules for the benchmark models (paper appendix A.6, Flax names).
 
 A rule is a callable ``(path: str, shape: tuple[int, ...]) -> int | None``: given a leaf's path
-(keys joined by ``"/"``, see :func:`benchmarks.models.common.param_paths`) and shape, it returns
+(keys joined by ``"/"``, see :func:`partir_plugin.models.common.param_paths`) and shape, it returns
 the dimension to tile along the mesh axis the tactic names, or ``None`` for "not decided here,
 let propagation decide" (the paper's ``UNKNOWN``). Rules index dimensions from the *end* of the
 shape, so the same rule serves unrolled parameters and ``nn.scan``-stacked ones (which have an
@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from benchmarks.models.common import param_paths
+from partir_plugin.models.common import param_paths
 
 Rule = Callable[[str, tuple[int, ...]], int | None]
 

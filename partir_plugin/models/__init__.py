@@ -15,6 +15,6 @@ The inference transformer (``inference_transformer``) has no train step: its ``i
 
 ``params`` is always the inner dict Flax stores under ``"params"`` (a plain nested ``dict``); a
 leaf's *path* is its keys joined by ``"/"``, e.g. ``"Block_0/attn/query/kernel"``
-(see :func:`benchmarks.models.common.param_paths`). Every leaf of ``batch`` has its batch (or, for
-GNS, its node / edge) dimension first.
+(see :func:`partir_plugin.models.common.param_paths`). Every leaf of ``batch`` has its batch
+(or, for GNS, its node / edge) dimension first.
 """

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.models.common import (
+from partir_plugin.models.common import (
     Batch,
     MultiHeadAttention,
     PyTree,
@@ -196,7 +196,7 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    """Parameters (see :func:`~benchmarks.models.common.fill_params`), Adam state, a random
+    """Parameters (see :func:`~partir_plugin.models.common.fill_params`), Adam state, a random
     batch."""
     return init_for_training(
         config, rng, make_batch,

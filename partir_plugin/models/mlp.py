@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.models.common import (
+from partir_plugin.models.common import (
     Batch,
     PyTree,
     TrainStep,
@@ -70,7 +70,7 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
-    """Parameters (see :func:`~benchmarks.models.common.fill_params`), Adam state, a random
+    """Parameters (see :func:`~partir_plugin.models.common.fill_params`), Adam state, a random
     batch."""
     return init_for_training(config, rng, make_batch,
                              lambda key, batch: init_params(MLP(config), key, batch["x"]))

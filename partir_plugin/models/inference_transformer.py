@@ -44,9 +44,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from benchmarks.models.common import Batch, PyTree, init_params, rope
-from benchmarks.models.transformer import MLPBlock
 from partir_plugin import tag
+from partir_plugin.models.common import Batch, PyTree, init_params, rope
+from partir_plugin.models.transformer import MLPBlock
 
 Cache = dict[str, dict[str, jax.Array]]
 
@@ -175,7 +175,7 @@ def make_batch(config: Config, rng: jax.Array) -> Batch:
 
 
 def init(config: Config, rng: jax.Array) -> tuple[PyTree, Cache, Batch]:
-    """Parameters (see :func:`~benchmarks.models.common.fill_params`), an empty cache, a random
+    """Parameters (see :func:`~partir_plugin.models.common.fill_params`), an empty cache, a random
     prompt; one jitted computation."""
     return jax.jit(partial(_init, config))(rng)
 
