@@ -115,6 +115,12 @@ def partir_default_simulator() -> str | None:
     with a name wins; the built-in simulators plugin answers ``"analytical"``."""
 
 
+@hookspec(firstresult=True)
+def partir_default_searcher() -> str | None:
+    """The name of the searcher ``AutomaticPartition`` uses when given none. The first plugin
+    answering with a name wins; the built-in autopart plugin answers ``"mcts"``."""
+
+
 @hookspec
 def partir_add_cli_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``partir`` subcommands.

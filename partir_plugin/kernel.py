@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,12 @@ def _is_builtin(ep: EntryPoint) -> bool:
 @functools.lru_cache(maxsize=1)
 def plugin_manager() -> pluggy.PluginManager:
     """The process-wide plugin manager, built on first use (keeps `import` light)."""
+    return build_plugin_manager()
+
+
+def build_plugin_manager(extra: Sequence[tuple[str, object]] = ()) -> pluggy.PluginManager:
+    """A manager with the entry points' plugins (built-ins first), then `extra` (name,
+    plugin) pairs, checked: a hook implementation without a hook spec is a PluginError."""
     pm = pluggy.PluginManager("partir_plugin")
     pm.add_hookspecs(hookspecs)
     skip_third_party = os.environ.get(DISABLE_AUTOLOAD_ENV, "") not in ("", "0")
@@ -48,12 +54,19 @@ def plugin_manager() -> pluggy.PluginManager:
         if pm.get_plugin(ep.name) is not None:
             continue
         pm.register(ep.load(), name=ep.name)
+    for name, plugin in extra:
+        pm.register(plugin, name=name)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as e:
-        raise PluginError(f"plugin {e.plugin!r}: {e} (a misspelled hook name? the hooks are "
-                          f"those of partir_plugin.hookspecs)") from None
+        name = pm.get_name(e.plugin) or repr(e.plugin)
+        raise PluginError(f"plugin {name!r}: {e} (a misspelled hook name? the hooks are "
+                          f"those of partir_plugin.hookspecs: {sorted(_hook_names())})") from None
     return pm
+
+
+def _hook_names() -> list[str]:
+    return [n for n in dir(hookspecs) if n.startswith("partir_")]
 
 
 def _answers(hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
@@ -154,6 +167,11 @@ def default_hardware_name() -> str | None:
 def default_simulator_name() -> str | None:
     """What `partir_default_simulator` answers (None: no simulator plugin is installed)."""
     return plugin_manager().hook.partir_default_simulator()
+
+
+def default_searcher_name() -> str | None:
+    """What `partir_default_searcher` answers (None: no searcher plugin is installed)."""
+    return plugin_manager().hook.partir_default_searcher()
 
 
 def add_cli_commands(subparsers: Any) -> None:

@@ -151,8 +151,8 @@ class Metadata:
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         line = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
                                    for i, (x, w) in enumerate(zip(r, widths)))
-        out = [f"mesh {self.mesh}" + (f", hardware {self.hardware}" if self.hardware else ""),
-               line(head), line(["-" * w for w in widths])]
+        out = [f"mesh {self.mesh}{self._hardware_note()}", line(head),
+               line(["-" * w for w in widths])]
         out += [line(r) for r in rows]
         last = self.tactics[-1]
         if last.unsupported_ops:
@@ -164,6 +164,17 @@ class Metadata:
             if len(t.conflicts) > 5:
                 out.append(f"... and {len(t.conflicts) - 5} more conflicts after {t.name}")
         return "\n".join(out)
+
+    def _hardware_note(self) -> str:
+        """", hardware NAME", saying when NAME is the default spec (no `hardware=` needed)."""
+        if not self.hardware:
+            return ", no estimates (no hardware spec installed)"
+        from .kernel import default_hardware_name
+
+        if self.hardware == default_hardware_name():
+            return (f", hardware {self.hardware} (the default spec; choose another with "
+                    f"hardware=)")
+        return f", hardware {self.hardware}"
 
     def to_json(self) -> dict:
         """A JSON-serialisable dict: mesh, hardware, per-tactic reports and the in/out

@@ -158,7 +158,7 @@ class AutomaticPartition:
 
     axes: list[str]
     budget: Budget | int | None = None
-    searcher: str = "mcts"
+    searcher: str | None = None  # None: the one `partir_default_searcher` names (mcts)
     name: str | None = None
     options: dict = field(default_factory=dict)
     iterations: int | None = None
@@ -177,15 +177,16 @@ class AutomaticPartition:
             self.budget = Budget.parse(self.budget)  # checked now, not when the schedule runs
 
     def apply(self, ctx: TacticContext) -> None:
-        from .kernel import searchers
+        from .kernel import default_searcher_name, searchers
 
         available = searchers()
-        if self.searcher not in available:
-            raise PartitionError(f"no automatic-partitioning searcher {self.searcher!r} is "
+        name = self.searcher if self.searcher is not None else default_searcher_name()
+        if name not in available:
+            raise PartitionError(f"no automatic-partitioning searcher {name!r} is "
                                  f"installed (available: {sorted(available) or 'none'})")
         for axis in self.axes:
             ctx.mesh.check_axis(axis)
-        available[self.searcher](budget=self.budget, **self.options).search(ctx, self.axes)
+        available[name](budget=self.budget, **self.options).search(ctx, self.axes)
 
 
 def tactic(preset: str, /, *args: Any, **kwargs: Any) -> Any:

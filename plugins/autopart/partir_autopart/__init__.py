@@ -18,5 +18,10 @@ __all__ = ["Action", "GreedySearcher", "MCTSSearcher", "SearchSpace"]
 
 
 @hookimpl
-def partir_add_searchers():
+def partir_add_searchers() -> dict[str, type]:
     return {"mcts": MCTSSearcher, "greedy": GreedySearcher}
+
+
+@hookimpl
+def partir_default_searcher() -> str:
+    return "mcts"

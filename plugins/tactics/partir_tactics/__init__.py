@@ -89,6 +89,6 @@ def edge_sharding(axis: str = "batch", inputs: str = "batch",
 
 
 @hookimpl
-def partir_add_tactics():
+def partir_add_tactics() -> dict[str, Callable[..., ManualPartition]]:
     return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
             "EMB": embedding, "MQ": multi_query, "ES": edge_sharding}
