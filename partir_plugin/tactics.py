@@ -51,6 +51,12 @@ class ManualPartition:
     or a callable `(path, shape) -> selector` over the leaves' key paths ("Dense_0/kernel").
     `tags` does the same for values named with `partir_plugin.tag`; a name may tag several
     values (every layer's), and the selector applies to each.
+
+    A leaf path is the key path inside the argument: Flax variables passed whole as `params`
+    have paths like `"params/Dense_0/kernel"` (the variables dict's "params" collection first).
+    A callable selector that decides no leaf of its argument is almost always a path typo: it
+    warns (`PartitionWarning`, naming the tactic and argument), or with `strict=True` raises.
+    Without `name`, the report row is named from the inputs and axis (`"params@model"`).
     """
 
     inputs: dict[str, Selector]
@@ -59,16 +65,24 @@ class ManualPartition:
     # Tagged intermediates: a dict from tag names to selectors, or a callable `(name, shape) ->
     # selector` over every tag. A decided tag is a redistribution point (`TacticContext.tile`).
     tags: dict[str, Selector] | Callable[[str, tuple], Selector] = field(default_factory=dict)
+    strict: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.inputs, dict):
+            raise PartitionError(f"ManualPartition: inputs must be a dict mapping argument "
+                                 f"names to selectors, got {type(self.inputs).__name__}")
         if self.name is None:
-            self.name = f"ManualPartition({self.axis})"
+            names = list(self.inputs) + ([] if callable(self.tags) else list(self.tags))
+            self.name = f"{','.join(names) or 'tags'}@{self.axis}"
 
     def apply(self, ctx: TacticContext) -> None:
         ctx.mesh.check_axis(self.axis)
         for arg, selector in self.inputs.items():
             leaves = ctx.leaves_of(arg)
+            self._decided = 0
             self._select(ctx, selector, leaves, depth=0, where=arg)
+            if leaves and not self._decided and _has_rule(selector):
+                self._matched_nothing(arg, leaves)
         for tag, selector in self._tag_selectors(ctx.state).items():
             self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
 
@@ -119,6 +133,7 @@ class ManualPartition:
     def _decide(self, ctx: TacticContext, sel, target, shape, what: str) -> None:
         if sel is None or sel is UNKNOWN:
             return
+        self._decided = getattr(self, "_decided", 0) + 1
         if sel is REPLICATED:
             ctx.atomic(target, self.axis)
             return
