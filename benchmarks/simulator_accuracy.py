@@ -154,7 +154,7 @@ def cases() -> list[tuple[str, str, object, list]]:
 
 
 def ensure_calibrated(force: bool) -> Path:
-    from partir_plugin.plugins.hardware.host import calibration_path
+    from partir_hardware.host import calibration_path
 
     path = calibration_path()
     if force or not path.exists():

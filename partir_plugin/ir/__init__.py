@@ -6,7 +6,7 @@ do, so the IR's data types load without jaxlib's bindings.
 
 from __future__ import annotations
 
-import importlib
+from .. import lazy_exports
 
 _EXPORTS = {
     "Block": "graph", "Func": "graph", "Op": "graph", "Region": "graph", "Value": "graph",
@@ -15,11 +15,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'partir_plugin.ir' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)
