@@ -287,11 +287,13 @@ def report_for_stablehlo(source: str | bytes, mesh, schedule: Sequence, hardware
 
 
 def _resolve_hardware(name: str | None):
+    """The spec for `--hardware` (None: the plugins' default; still None when no hardware
+    plugin is installed, and the report has no estimates)."""
     from .errors import UnknownNameError
-    from .simulation import resolve_hardware
+    from .simulation import resolve_hardware_option
 
     try:
-        return resolve_hardware(name)
+        return resolve_hardware_option(name)
     except UnknownNameError as e:
         raise ReportInputError(f"--hardware: {e}") from None
 
