@@ -17,13 +17,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m partir_plugin.examples.demo
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/partir demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check partir_plugin tests benchmarks
+	$(BIN)/ruff check partir_plugin plugins tests benchmarks
+	$(BIN)/lint-imports
 
 bench-redistribution: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/redistribution.py

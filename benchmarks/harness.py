@@ -1,6 +1,6 @@
 """What every benchmark script shares. Import it before jax: it asks for 8 virtual CPU
 devices (unless XLA_FLAGS already sets a count), puts the repository root on sys.path (for
-`benchmarks.models`), and writes one section of docs/BENCHMARKS.md."""
+`partir_plugin.models`), and writes one section of docs/BENCHMARKS.md."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ import harness  # noqa: F401  (before jax: repository root on sys.path)
 import jax
 
 import partir_plugin as partir
-from benchmarks.models import inference_transformer, megatron, transformer
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.ir.graph import Op
+from partir_plugin.models import inference_transformer, megatron, transformer
 from partir_plugin.pipeline import apply_schedule, trace
 from partir_plugin.spmd.collectives import COUNTED_KINDS, collective_kind
 

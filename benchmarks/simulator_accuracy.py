@@ -76,7 +76,7 @@ def _mlp_case(hidden: int, layers: int, batch: int, features: int):
 def _transformer_case():
     import jax
 
-    from benchmarks.models import transformer
+    from partir_plugin.models import transformer
 
     config = dataclasses.replace(
         transformer.Config.small(),
@@ -154,7 +154,7 @@ def cases() -> list[tuple[str, str, object, list]]:
 
 
 def ensure_calibrated(force: bool) -> Path:
-    from partir_plugin.plugins.hardware.host import calibration_path
+    from partir_hardware.host import calibration_path
 
     path = calibration_path()
     if force or not path.exists():

@@ -4,7 +4,7 @@
     (or `make bench-step-time`; options: --runs 15 --compile-reps 2 --no-write)
 
 On 8 virtual CPU devices as the mesh {batch: 4, model: 2}, for the transformer
-(`benchmarks/models/transformer.py`) and the MLP example (`partir_plugin/examples/mlp.py`), each
+(`partir_plugin/models/transformer.py`) and the MLP example (`partir_plugin/examples/mlp.py`), each
 with the schedules BP, BP+MP and BP+MP+Z3 (the presets), it measures
 
 - ours: `step, meta = partir_plugin.jit(train_step, mesh, schedule)`; partitioning + compile
@@ -68,7 +68,7 @@ def transformer_model():
     function on every call."""
     import jax
 
-    from benchmarks.models import megatron, transformer
+    from partir_plugin.models import megatron, transformer
 
     config = dataclasses.replace(transformer.Config.small(layers=4), batch=16, seq_len=32,
                                  vocab=512, d_model=128, heads=4, head_dim=32, ffw=512)
@@ -87,10 +87,10 @@ def demo_model():
     is a large part of a step, so it is where a slow call path would show."""
     import jax
 
-    from benchmarks.models import megatron, transformer
+    from partir_plugin.examples.demo import demo_config
+    from partir_plugin.models import megatron, transformer
 
-    config = dataclasses.replace(transformer.Config.small(layers=4), batch=8, seq_len=16,
-                                 d_model=64, heads=4, head_dim=16, ffw=256, vocab=128)
+    config = demo_config()
     args = transformer.init(config, jax.random.PRNGKey(0))
 
     def build():

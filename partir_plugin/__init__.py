@@ -18,15 +18,25 @@ _EXPORTS = {
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
+    "PartitionWarning": "tactics", "Budget": "search",
     "hookimpl": "hookspecs",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'partir_plugin' has no attribute {name!r}")
+def lazy_exports(package: str, namespace: dict, exports: dict[str, str]):
+    """A module `__getattr__` importing `exports[name]` (a submodule of `package`) on first
+    use of `name` and caching it in `namespace`: how a package keeps its import light."""
+
+    def __getattr__(name: str):
+        if name in exports:
+            value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

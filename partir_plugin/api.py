@@ -11,6 +11,7 @@ from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, trace
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
+from .simulation import resolve_hardware_option
 
 
 def _aval_key(x) -> tuple:
@@ -199,15 +200,11 @@ class PartitionedFunction:
     def _fill_metadata(self, p: Partition) -> None:
         import jax
 
-        m = self.metadata
-        m.tactics = p.partitioned.reports
-        m.mesh = self.mesh.shape
-        m.hardware = getattr(self.hardware, "name", self.hardware)
-        m.in_shardings = jax.tree_util.tree_unflatten(p.traced.in_tree, [
-            *p.function.in_shardings])[0]
-        m.out_shardings = jax.tree_util.tree_unflatten(p.traced.out_tree,
-                                                       p.function.out_shardings)
-        m.device_local_stablehlo = p.as_text()
+        self.metadata.fill(
+            p.partitioned.reports, self.mesh.shape, self.hardware,
+            jax.tree_util.tree_unflatten(p.traced.in_tree, p.function.in_shardings)[0],
+            jax.tree_util.tree_unflatten(p.traced.out_tree, p.function.out_shardings),
+            p.as_text())
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Partition for these arguments (arrays or ShapeDtypeStructs) and lower the step."""
@@ -225,8 +222,11 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
 
     Returns the partitioned callable and its `Metadata`, filled when the callable first sees
     arguments (or on `.lower(*args)`), and refreshed when new input shapes cause a new
-    partitioning.
+    partitioning. `hardware` (a spec, or a name or alias in any case) is resolved here, so an
+    unknown name fails now, listing the known ones; None means the default spec the hardware
+    plugins name (`partir_default_hardware`; host-cpu), which the report names.
     """
+    hardware = resolve_hardware_option(hardware)
     f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware)
     return f, f.metadata
 

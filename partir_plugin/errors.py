@@ -7,3 +7,16 @@ class PartitionError(ValueError):
 
 class InputMismatchError(TypeError):
     """A partitioned callable called with arguments of another structure, shape or dtype."""
+
+
+class PluginError(RuntimeError):
+    """Plugins that cannot be loaded together: a misspelled hook implementation, or two
+    plugins contributing the same name (the message names both)."""
+
+
+class UnknownNameError(PartitionError, KeyError):
+    """A hardware spec, simulator or searcher name that no plugin registered. Both a
+    PartitionError (a bad `partir.jit` argument) and a KeyError (a failed lookup)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""

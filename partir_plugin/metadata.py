@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .spmd.collectives import COUNTED_KINDS, Collective
+
+# The name of the report's first row when it shows the unpartitioned program.
+BASELINE = "(replicated)"
+
 
 @dataclass
 class TacticReport:
@@ -22,8 +27,6 @@ class TacticReport:
     actions: list[str] = field(default_factory=list)
 
 
-_SHORT = {"all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS", "all_to_all": "A2A",
-          "all_permute": "AP"}
 
 
 def _fmt_bytes(n) -> str:
@@ -124,11 +127,21 @@ class Metadata:
     hardware: str | None = None
     mesh: dict[str, int] | None = None
 
+    def fill(self, reports: list[TacticReport], mesh: dict[str, int], hardware,
+             in_shardings, out_shardings, device_local_stablehlo: str) -> Metadata:
+        """Record one partitioning (`partir.jit` on new input avals, `partir report`)."""
+        self.tactics = list(reports)
+        self.mesh = dict(mesh)
+        self.hardware = getattr(hardware, "name", hardware)
+        self.in_shardings, self.out_shardings = in_shardings, out_shardings
+        self.device_local_stablehlo = device_local_stablehlo
+        return self
+
     def report(self) -> str:
         """A table, one row per tactic, with the change from the previous tactic."""
         if not self.tactics:
             return "(not partitioned yet: call the function or .lower(*args) first)"
-        head = ["tactic", "AG", "AR", "RS", "A2A", "AP", "est. runtime", "Δ runtime",
+        head = ["tactic", *(k.short for k in COUNTED_KINDS), "est. runtime", "Δ runtime",
                 "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
         rows = []
         prev = None
@@ -141,15 +154,15 @@ class Metadata:
             if prev is not None and t.estimated_peak_memory_bytes is not None and \
                     prev.estimated_peak_memory_bytes:
                 d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
-            rows.append([t.name, *(str(c.get(k, 0)) for k in _SHORT), _fmt_time(
+            rows.append([t.name, *(str(c.get(k, 0)) for k in COUNTED_KINDS), _fmt_time(
                 t.estimated_runtime_s), d_rt, _fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
                 str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
             prev = t
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         line = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
                                    for i, (x, w) in enumerate(zip(r, widths)))
-        out = [f"mesh {self.mesh}" + (f", hardware {self.hardware}" if self.hardware else ""),
-               line(head), line(["-" * w for w in widths])]
+        out = [f"mesh {self.mesh}{self._hardware_note()}", line(head),
+               line(["-" * w for w in widths])]
         out += [line(r) for r in rows]
         last = self.tactics[-1]
         if last.unsupported_ops:
@@ -161,6 +174,17 @@ class Metadata:
             if len(t.conflicts) > 5:
                 out.append(f"... and {len(t.conflicts) - 5} more conflicts after {t.name}")
         return "\n".join(out)
+
+    def _hardware_note(self) -> str:
+        """", hardware NAME", saying when NAME is the default spec (no `hardware=` needed)."""
+        if not self.hardware:
+            return ", no estimates (no hardware spec installed)"
+        from .kernel import default_hardware_name
+
+        if self.hardware == default_hardware_name():
+            return (f", hardware {self.hardware} (the default spec; choose another with "
+                    f"hardware=)")
+        return f", hardware {self.hardware}"
 
     def to_json(self) -> dict:
         """A JSON-serialisable dict: mesh, hardware, per-tactic reports and the in/out
@@ -203,13 +227,13 @@ class Metadata:
         ax_mem.set_title("estimated peak memory / device")
         ax_mem.set_ylabel(munit)
 
-        kinds = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all"]
-        if any(t.collectives.get("all_permute", 0) for t in self.tactics):
-            kinds.append("all_permute")
+        kinds = [k for k in COUNTED_KINDS if k is not Collective.ALL_PERMUTE]
+        if any(t.collectives.get(Collective.ALL_PERMUTE, 0) for t in self.tactics):
+            kinds.append(Collective.ALL_PERMUTE)
         bottom = [0] * len(xs)
         for kind in kinds:
             counts = [t.collectives.get(kind, 0) for t in self.tactics]
-            ax_col.bar(xs, counts, bottom=bottom, label=_SHORT[kind])
+            ax_col.bar(xs, counts, bottom=bottom, label=kind.short)
             bottom = [b + c for b, c in zip(bottom, counts)]
         ax_col.set_title("collectives")
         ax_col.set_ylabel("count")

@@ -14,11 +14,12 @@ from .core.actions import Leaf, TacticContext
 from .core.mesh import Mesh
 from .core.propagation import propagate
 from .core.state import PartitionState
-from .core.tmr import TileMappingRegistry, default_registry
-from .errors import PartitionError
+from .core.tmr import TileMappingRegistry
+from .errors import PartitionError, UnknownNameError
 from .ir.graph import Func
 from .ir.importer import import_lowered
 from .metadata import TacticReport
+from .simulation import HardwareSpec
 from .spmd.lowering import SpmdProgram, lower_to_spmd
 
 
@@ -91,23 +92,41 @@ class Partitioned:
     reports: list[TacticReport]
 
 
-def estimate(program: SpmdProgram, hardware) -> tuple[float | None, int | None, float | None]:
-    """(runtime s, peak bytes, flops) from the simulator plugin, or Nones if none is installed."""
-    from .kernel import simulators
+def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None
+             ) -> tuple[float | None, int | None, float | None]:
+    """(runtime s, peak bytes, flops) from the default simulator plugin on `hardware` (None:
+    the default spec the hardware plugins name), or Nones when no simulator, or no default
+    spec, is installed."""
+    from .kernel import default_simulator_name
+    from .simulation import resolve_hardware, simulate
 
-    sims = simulators()
-    if "analytical" not in sims or hardware is None:
+    if default_simulator_name() is None:
         return None, None, None
-    from .simulation import simulate
-
-    result = simulate(program.func, program.mesh, hardware)
+    try:
+        spec = resolve_hardware(hardware)
+    except UnknownNameError:
+        if hardware is None:  # no hardware plugin offers a default: no estimates
+            return None, None, None
+        raise
+    result = simulate(program.func, program.mesh, spec)
     return result.runtime_s, result.peak_memory_bytes, result.flops
+
+
+def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardware,
+                  actions: list[str] | None = None) -> TacticReport:
+    """The report row for the program as it stands (the one place rows are assembled)."""
+    runtime, peak, flops = estimate(program, hardware)
+    return TacticReport(name, dict(program.counts), runtime, peak, flops,
+                        [str(c) for c in state.conflicts], dict(state.unsupported),
+                        list(actions or []))
 
 
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
                    registry: TileMappingRegistry | None = None,
                    arg_names: list[str] | None = None) -> Partitioned:
     """Apply each tactic then `propagate`; after each, lower and record a TacticReport."""
+    from .kernel import default_registry
+
     state = PartitionState(func, mesh, registry or default_registry())
     reports = []
     program = None
@@ -124,10 +143,7 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
             name = tactic.name
         ctx.propagate()
         program = lower_to_spmd(state)
-        runtime, peak, flops = estimate(program, hardware)
-        reports.append(TacticReport(name, dict(program.counts), runtime, peak, flops,
-                                    [str(c) for c in state.conflicts],
-                                    dict(state.unsupported), ctx.actions))
+        reports.append(tactic_report(name, program, state, hardware, ctx.actions))
     if program is None:  # an empty schedule: the replicated program
         propagate(state)
         program = lower_to_spmd(state)

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PartitionError
-from .metadata import Metadata, TacticReport
-
-BASELINE = "(replicated)"
+from .kernel import default_hardware_name
+from .metadata import BASELINE, Metadata, TacticReport
 
 
 class ReportInputError(ValueError):
@@ -56,9 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help='e.g. \'[{"name": "BP", "axis": "batch", "inputs": {"x": 0}}]\'')
     parser.add_argument("--mesh", required=True, metavar="AXIS=SIZE,...",
                         help="mesh axes, major to minor, e.g. batch=4,model=2")
-    parser.add_argument("--hardware", default="host-cpu",
-                        help="hardware spec name for the estimates (default host-cpu); "
-                             "see `partir plugins`")
+    parser.add_argument("--hardware", default=None,
+                        help="hardware spec name or alias for the estimates (default: the spec "
+                             "the hardware plugins name, host-cpu); see `partir plugins`")
     parser.add_argument("--no-baseline", action="store_true",
                         help="omit the first row, the unpartitioned program")
     parser.add_argument("--plot", metavar="OUT.png", help="write a plot of the report")
@@ -66,27 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- parsing inputs ------------------------------------------------------------------------
-
-def parse_mesh(text: str) -> dict[str, int]:
-    mesh: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",")):
-        name, eq, size = part.partition("=")
-        name = name.strip()
-        if not eq or not name:
-            raise ReportInputError(f"--mesh: expected AXIS=SIZE pairs like batch=4,model=2; "
-                                   f"got {part!r}")
-        try:
-            n = int(size)
-        except ValueError:
-            raise ReportInputError(f"--mesh: size of axis {name!r} must be an integer, got "
-                                   f"{size.strip()!r}") from None
-        if n < 1:
-            raise ReportInputError(f"--mesh: size of axis {name!r} must be positive, got {n}")
-        if name in mesh:
-            raise ReportInputError(f"--mesh: axis {name!r} appears twice")
-        mesh[name] = n
-    return mesh
-
 
 def load_object(spec: str, what: str) -> Any:
     """`module:attr` (or `path/to/file.py:attr`) -> the object."""
@@ -132,17 +110,49 @@ def _selector(value: Any, where: str) -> Any:
                            f"{value!r}")
 
 
+def _preset(i: int, name: str, kwargs: dict) -> Any:
+    """A preset tactic named in a JSON schedule (`"BP"`, `{"preset": "MP", ...}`)."""
+    from .kernel import tactic_factories
+    from .tactics import tactic
+
+    presets = tactic_factories()
+    if name not in presets:
+        raise ReportInputError(f"schedule: tactic {i}: no preset {name!r} (presets: "
+                               f"{sorted(presets)}); a ManualPartition needs \"axis\" and "
+                               f"\"inputs\"")
+    try:
+        return tactic(name, **kwargs)
+    except (TypeError, PartitionError) as e:
+        raise ReportInputError(f"schedule: tactic {i} (preset {name!r}): {e}") from None
+
+
 def schedule_from_json(data: Any) -> list:
-    """`[{"name": "BP", "axis": "batch", "inputs": {"x": 0}}, ...]` -> ManualPartitions."""
+    """`[{"name": "BP", "axis": "batch", "inputs": {"x": 0}}, ...]` -> ManualPartitions.
+
+    A preset runs by name: `"BP"`, `{"preset": "BP", "axis": "data"}` (other keys are the
+    preset's keyword arguments), or `{"name": "Z3", "axis": "batch"}` without `inputs` when
+    the name is a preset's. Anything else without `inputs` is rejected, never run as nothing.
+    """
     from .tactics import ManualPartition
 
     if not isinstance(data, list):
         raise ReportInputError("schedule: the JSON schedule must be a list of tactics")
     out = []
     for i, entry in enumerate(data):
+        if isinstance(entry, str):
+            out.append(_preset(i, entry, {}))
+            continue
         if not isinstance(entry, dict):
             raise ReportInputError(f"schedule: tactic {i} must be an object with name, axis and "
-                                   f"inputs; got {entry!r}")
+                                   f"inputs, or a preset name; got {entry!r}")
+        if "preset" in entry:
+            out.append(_preset(i, str(entry["preset"]),
+                               {k: v for k, v in entry.items() if k != "preset"}))
+            continue
+        if "inputs" not in entry and "tags" not in entry:
+            out.append(_preset(i, str(entry.get("name")),
+                               {k: v for k, v in entry.items() if k != "name"}))
+            continue
         unknown = set(entry) - {"name", "axis", "inputs", "tags"}
         if unknown:
             raise ReportInputError(f"schedule: tactic {i} has unknown keys {sorted(unknown)} "
@@ -204,33 +214,26 @@ def build_metadata(load: Callable[[], tuple], mesh, schedule: Sequence, hardware
     call) with `schedule` and return the filled Metadata. With `baseline`, the first row is the
     unpartitioned program. `unflatten(specs)` rebuilds the arguments' structure or is None."""
     from .core.mesh import Mesh
-    from .pipeline import apply_schedule, estimate
+    from .pipeline import apply_schedule, tactic_report
 
     mesh = Mesh.of(mesh)
     reports: list[TacticReport] = []
     if baseline:
         func, leaves, names, _ = load()
         base = apply_schedule(func, leaves, mesh, [], hardware=hardware, arg_names=names)
-        runtime, peak, flops = estimate(base.program, hardware)
-        reports.append(TacticReport(BASELINE, dict(base.program.counts), runtime, peak, flops,
-                                    [str(c) for c in base.state.conflicts],
-                                    dict(base.state.unsupported)))
+        reports.append(tactic_report(BASELINE, base.program, base.state, hardware))
     func, leaves, names, unflatten = load()
     part = apply_schedule(func, leaves, mesh, list(schedule), hardware=hardware, arg_names=names)
     reports.extend(part.reports)
-    meta = Metadata()
-    meta.tactics = reports
-    meta.mesh = mesh.shape
-    meta.hardware = getattr(hardware, "name", hardware)
     in_specs = [lay.spec() for lay in part.program.in_layouts]
     out_specs = [lay.spec() for lay in part.program.out_layouts]
     if unflatten is not None:
-        meta.in_shardings, meta.out_shardings = unflatten(in_specs, out_specs)
+        in_shardings, out_shardings = unflatten(in_specs, out_specs)
     else:
-        meta.in_shardings = {lf.qualified: s for lf, s in zip(leaves, in_specs)}
-        meta.out_shardings = out_specs
-    meta.device_local_stablehlo = part.program.text()
-    return meta
+        in_shardings = {lf.qualified: s for lf, s in zip(leaves, in_specs)}
+        out_shardings = out_specs
+    return Metadata().fill(reports, mesh.shape, hardware or default_hardware_name(),
+                           in_shardings, out_shardings, part.program.text())
 
 
 def report_for_function(fn, args: tuple, mesh, schedule: Sequence, hardware=None, *,
@@ -279,23 +282,30 @@ def report_for_stablehlo(source: str | bytes, mesh, schedule: Sequence, hardware
     return build_metadata(load, mesh, schedule, hardware, baseline=baseline)
 
 
-def _resolve_hardware(name: str):
-    from .simulation import resolve_hardware
+def _resolve_hardware(name: str | None):
+    """The spec for `--hardware` (None: the plugins' default; still None when no hardware
+    plugin is installed, and the report has no estimates)."""
+    from .errors import UnknownNameError
+    from .simulation import resolve_hardware_option
 
     try:
-        resolve_hardware(name)
-    except KeyError as e:
-        raise ReportInputError(f"--hardware: {e.args[0]}") from None
-    return name
+        return resolve_hardware_option(name)
+    except UnknownNameError as e:
+        raise ReportInputError(f"--hardware: {e}") from None
 
 
 def _metadata_from_args(args: argparse.Namespace) -> Metadata:
     if bool(args.function) == bool(args.stablehlo):
         raise ReportInputError("give either --function MODULE:FUNCTION (with --args) or "
                                "--stablehlo FILE")
-    mesh = parse_mesh(args.mesh)
+    from .core.mesh import parse_mesh
+
+    try:
+        mesh = parse_mesh(args.mesh)
+    except PartitionError as e:
+        raise ReportInputError(str(e)) from None
     schedule = load_schedule(args)
-    hardware = _resolve_hardware(args.hardware) if args.hardware else None
+    hardware = _resolve_hardware(args.hardware)
     baseline = not args.no_baseline
     if args.stablehlo:
         if args.args:

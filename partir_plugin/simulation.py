@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .core.mesh import Mesh
+from .errors import UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class HardwareSpec:
     vector_flops_per_s: float | None = None
     kernel_overhead_s: float = 0.0
     notes: str = ""
+    # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.flops_per_s:
@@ -94,6 +97,7 @@ class HardwareSpec:
                            for k, v in data["links"].items()}
         kwargs["flops_per_s"] = {k: float(v) for k, v in data["flops_per_s"].items()}
         kwargs["memory_bytes"] = int(data["memory_bytes"])
+        kwargs["aliases"] = tuple(data.get("aliases", ()))
         return cls(**kwargs)
 
 
@@ -161,38 +165,69 @@ class SimulationResult:
         return data
 
 
-def _registered(kind: str, name: str, registry: dict, hook: str) -> Any:
-    if name not in registry:
-        raise KeyError(f"unknown {kind} {name!r}; available: {sorted(registry)} "
-                       f"(add more with a `{hook}` plugin)")
-    return registry[name]
+class Simulator(Protocol):
+    """What a `partir_add_simulators` plugin contributes."""
+
+    def __call__(self, func: Any, mesh: Mesh, hardware: HardwareSpec,
+                 **options: Any) -> SimulationResult: ...
 
 
-def resolve_hardware(hardware: str | HardwareSpec | Any) -> Any:
-    """A spec object as is, or the spec registered under that name by a hardware plugin."""
-    if not isinstance(hardware, str):
+def resolve_hardware(hardware: str | HardwareSpec | None) -> HardwareSpec:
+    """A spec object as is; a name or alias (any case) as a hardware plugin registered it;
+    None as the `partir_default_hardware` hook chooses. Unknown names raise
+    `UnknownNameError` listing the known ones."""
+    if hardware is not None and not isinstance(hardware, str):
         return hardware
     from . import kernel
 
-    return _registered("hardware", hardware, kernel.hardware_specs(), "partir_add_hardware")
+    if hardware is None:
+        hardware = kernel.default_hardware_name()
+        if hardware is None:
+            raise UnknownNameError("no hardware given and no plugin offers a default "
+                                   "(`partir_default_hardware`)")
+    return kernel.find_hardware(hardware)
 
 
-def resolve_simulator(simulator: str | Any) -> Any:
-    """A simulator callable as is, or the one registered under that name."""
+def resolve_hardware_option(hardware: str | HardwareSpec | None) -> HardwareSpec | None:
+    """What `partir.jit(hardware=...)` keeps: the spec, resolved once; None only when no
+    hardware plugin offers a default (then reports have no estimates)."""
+    if hardware is None:
+        from . import kernel
+
+        if kernel.default_hardware_name() is None:
+            return None
+    return resolve_hardware(hardware)
+
+
+def resolve_simulator(simulator: str | Simulator | None = None) -> Simulator:
+    """A simulator callable as is, the one registered under that name, or (None) the one the
+    `partir_default_simulator` hook names."""
     if callable(simulator):
         return simulator
     from . import kernel
 
-    return _registered("simulator", simulator, kernel.simulators(), "partir_add_simulators")
+    registry = kernel.simulators()
+    if simulator is None:
+        simulator = kernel.default_simulator_name()
+        if simulator is None:
+            raise UnknownNameError(f"no simulator given and no plugin offers a default "
+                                   f"(`partir_default_simulator`); available: "
+                                   f"{sorted(registry)}")
+    if simulator not in registry:
+        raise UnknownNameError(f"unknown simulator {simulator!r}; available: "
+                               f"{sorted(registry)} (add more with a `partir_add_simulators` "
+                               f"plugin)")
+    return registry[simulator]
 
 
-def simulate(func, mesh, hardware: str | HardwareSpec, *, overlap: bool = False,
-             simulator: str = "analytical", **options) -> SimulationResult:
+def simulate(func, mesh, hardware: str | HardwareSpec | None, *, overlap: bool = False,
+             simulator: str | Simulator | None = None, **options) -> SimulationResult:
     """Estimate runtime, flops and peak memory of the device-local `func` on one device.
 
-    `mesh` is a `Mesh`, a dict of axis sizes or a `jax.sharding.Mesh`; `hardware` and `simulator`
-    are names registered by plugins or objects. `overlap` lets communication run alongside
-    independent compute; extra `options` (e.g. `donated_args`) go to the simulator.
+    `mesh` is a `Mesh`, a dict of axis sizes or a `jax.sharding.Mesh`; `hardware` and
+    `simulator` are names registered by plugins or objects (None: the plugins' defaults).
+    `overlap` lets communication run alongside independent compute; extra `options` (e.g.
+    `donated_args`) go to the simulator.
     """
     spec = resolve_hardware(hardware)
     sim = resolve_simulator(simulator)

@@ -8,6 +8,7 @@ Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,11 @@ from typing import Any
 from .core.actions import Leaf, TacticContext
 from .core.state import PartitionState
 from .errors import PartitionError
+from .search import Budget
+
+
+class PartitionWarning(UserWarning):
+    """A schedule that is valid but probably not what was meant (a rule matching no leaf)."""
 
 
 class _Selector:
@@ -45,6 +51,12 @@ class ManualPartition:
     or a callable `(path, shape) -> selector` over the leaves' key paths ("Dense_0/kernel").
     `tags` does the same for values named with `partir_plugin.tag`; a name may tag several
     values (every layer's), and the selector applies to each.
+
+    A leaf path is the key path inside the argument: Flax variables passed whole as `params`
+    have paths like `"params/Dense_0/kernel"` (the variables dict's "params" collection first).
+    A callable selector that decides no leaf of its argument is almost always a path typo: it
+    warns (`PartitionWarning`, naming the tactic and argument), or with `strict=True` raises.
+    Without `name`, the report row is named from the inputs and axis (`"params@model"`).
     """
 
     inputs: dict[str, Selector]
@@ -53,18 +65,35 @@ class ManualPartition:
     # Tagged intermediates: a dict from tag names to selectors, or a callable `(name, shape) ->
     # selector` over every tag. A decided tag is a redistribution point (`TacticContext.tile`).
     tags: dict[str, Selector] | Callable[[str, tuple], Selector] = field(default_factory=dict)
+    strict: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.inputs, dict):
+            raise PartitionError(f"ManualPartition: inputs must be a dict mapping argument "
+                                 f"names to selectors, got {type(self.inputs).__name__}")
         if self.name is None:
-            self.name = f"ManualPartition({self.axis})"
+            names = list(self.inputs) + ([] if callable(self.tags) else list(self.tags))
+            self.name = f"{','.join(names) or 'tags'}@{self.axis}"
 
     def apply(self, ctx: TacticContext) -> None:
         ctx.mesh.check_axis(self.axis)
         for arg, selector in self.inputs.items():
             leaves = ctx.leaves_of(arg)
+            self._decided = 0
             self._select(ctx, selector, leaves, depth=0, where=arg)
+            if leaves and not self._decided and _has_rule(selector):
+                self._matched_nothing(arg, leaves)
         for tag, selector in self._tag_selectors(ctx.state).items():
             self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
+
+    def _matched_nothing(self, arg: str, leaves: list[Leaf]) -> None:
+        example = next((lf.path for lf in leaves if lf.path), "")
+        message = (f"{self.name}: the selector for argument {arg!r} decided none of its "
+                   f"{len(leaves)} leaves on axis {self.axis!r}"
+                   + (f" (its leaf paths look like {example!r})" if example else ""))
+        if self.strict:
+            raise PartitionError(message)
+        warnings.warn(message, PartitionWarning, stacklevel=3)
 
     def reserve(self, state: PartitionState) -> None:
         """Before the schedule runs: make the tags this tactic decides redistribution points
@@ -104,6 +133,7 @@ class ManualPartition:
     def _decide(self, ctx: TacticContext, sel, target, shape, what: str) -> None:
         if sel is None or sel is UNKNOWN:
             return
+        self._decided = getattr(self, "_decided", 0) + 1
         if sel is REPLICATED:
             ctx.atomic(target, self.axis)
             return
@@ -125,43 +155,77 @@ class ManualPartition:
         ctx.tile(target, sel, self.axis)
 
 
+def _has_rule(selector: Selector) -> bool:
+    """Whether `selector` holds a callable rule (which may decide nothing without error)."""
+    if isinstance(selector, dict):
+        return any(_has_rule(s) for s in selector.values())
+    return callable(selector) and not isinstance(selector, _Selector)
+
+
 @dataclass
 class AutomaticPartition:
-    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1)."""
+    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1).
+
+    The budget: `budget=200` or `iterations=200` (search iterations), `seconds=30` (wall
+    time), or `budget=Budget(iterations=..., seconds=...)`; with both limits the search stops
+    at the first reached. Nothing given: the searcher's default iteration count.
+    """
 
     axes: list[str]
-    budget: Any = None
-    searcher: str = "mcts"
+    budget: Budget | int | None = None
+    searcher: str | None = None  # None: the one `partir_default_searcher` names (mcts)
     name: str | None = None
     options: dict = field(default_factory=dict)
+    iterations: int | None = None
+    seconds: float | None = None
 
     def __post_init__(self):
         if isinstance(self.axes, str):
             self.axes = [self.axes]
         if self.name is None:
             self.name = "Auto(" + ",".join(self.axes) + ")"
+        if self.iterations is not None or self.seconds is not None:
+            if self.budget is not None:
+                raise PartitionError("give budget= or iterations=/seconds=, not both")
+            self.budget = Budget(self.iterations, self.seconds)
+        elif self.budget is not None:
+            self.budget = Budget.parse(self.budget)  # checked now, not when the schedule runs
 
     def apply(self, ctx: TacticContext) -> None:
-        from .kernel import searchers
+        from .kernel import default_searcher_name, searchers
 
         available = searchers()
-        if self.searcher not in available:
-            raise PartitionError(f"no automatic-partitioning searcher {self.searcher!r} is "
+        name = self.searcher if self.searcher is not None else default_searcher_name()
+        if name not in available:
+            raise PartitionError(f"no automatic-partitioning searcher {name!r} is "
                                  f"installed (available: {sorted(available) or 'none'})")
         for axis in self.axes:
             ctx.mesh.check_axis(axis)
-        available[self.searcher](budget=self.budget, **self.options).search(ctx, self.axes)
+        available[name](budget=self.budget, **self.options).search(ctx, self.axes)
 
 
-def tactic(preset: str, /, **kwargs) -> Any:
-    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")`; keyword
-    arguments (including `name`, the report's label) go to the preset's factory."""
+def tactic(preset: str, /, *args: Any, **kwargs: Any) -> Any:
+    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")` or
+    `tactic("MP", rule, axis="model")`; further arguments (including `name`, the report's
+    label) go to the preset's factory, and a wrong one is reported against its signature."""
+    import inspect
+
     from .kernel import tactic_factories
 
     factories = tactic_factories()
     if preset not in factories:
         raise PartitionError(f"no tactic preset {preset!r} (available: {sorted(factories)})")
-    return factories[preset](**kwargs)
+    factory = factories[preset]
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return factory(*args, **kwargs)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"partir_plugin.tactic({preset!r}, ...): {e}; the preset's "
+                        f"parameters are {preset}{signature}") from None
+    return factory(*args, **kwargs)
 
 
 Tactic = Callable[[TacticContext], None] | ManualPartition | AutomaticPartition

@@ -9,17 +9,18 @@ import jax
 import numpy as np
 import optax
 import pytest
+from partir_autopart import MCTSSearcher
+from partir_hardware import A100_40GB
 
 import partir_plugin as partir
 from partir_plugin.core.actions import TacticContext
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.core.propagation import propagate
 from partir_plugin.core.state import PartitionState
-from partir_plugin.core.tmr import default_registry
 from partir_plugin.examples import mlp
+from partir_plugin.kernel import default_registry
 from partir_plugin.pipeline import apply_schedule, trace
-from partir_plugin.plugins.autopart import Budget, MCTSSearcher
-from partir_plugin.plugins.hardware import A100_40GB
+from partir_plugin.search import Budget
 
 OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}
 
@@ -143,11 +144,25 @@ def test_budget_in_seconds_is_respected(large_traced):
 def test_budget_forms():
     assert Budget.parse(None, 200) == Budget(200, None)
     assert Budget.parse(5, 200) == Budget(5, None)
-    assert Budget.parse(1.5, 200) == Budget(None, 1.5)
+    assert Budget.parse(Budget(seconds=1.5), 200) == Budget(None, 1.5)
+    assert Budget.parse(Budget(), 200) == Budget(200, None)
     assert Budget.parse({"seconds": 2}, 200) == Budget(None, 2)
     for bad in ({"minutes": 1}, "fast", 0, True):
         with pytest.raises(partir.PartitionError, match="budget"):
             Budget.parse(bad, 200)
+    # A float no longer silently means seconds (while an int means iterations): it is refused
+    # with the spelling that says what was meant.
+    with pytest.raises(partir.PartitionError, match=r"seconds=1\.5"):
+        Budget.parse(1.5, 200)
+    # AutomaticPartition takes the typed forms and checks them when built.
+    assert partir.AutomaticPartition(["b"], seconds=2.0).budget == Budget(None, 2.0)
+    assert partir.AutomaticPartition(["b"], iterations=7).budget == Budget(7, None)
+    assert partir.AutomaticPartition(["b"], budget=7).budget == Budget(7, None)
+    assert partir.AutomaticPartition(["b"], budget=partir.Budget(seconds=3)).budget.seconds == 3
+    with pytest.raises(partir.PartitionError, match="ambiguous"):
+        partir.AutomaticPartition(["b"], budget=0.5)
+    with pytest.raises(partir.PartitionError, match="not both"):
+        partir.AutomaticPartition(["b"], budget=3, seconds=1.0)
 
 
 def test_progress_bar_shows_best_cost(large_traced, capsys):

@@ -8,10 +8,10 @@ import os
 
 import jax
 import pytest
+from partir_hardware import calibrate
+from partir_hardware.host import CALIBRATION_ENV, load_host_spec
 
 from partir_plugin import kernel
-from partir_plugin.plugins.hardware import calibrate
-from partir_plugin.plugins.hardware.host import CALIBRATION_ENV, load_host_spec
 from partir_plugin.simulation import HardwareSpec, LinkClass
 
 BUILTIN = {"tpu-v3", "a100-40gb", "h100-sxm", "h200-sxm", "host-cpu"}

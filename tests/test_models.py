@@ -1,4 +1,4 @@
-"""Benchmark models (benchmarks/models): small configs train/decode on CPU, parameter counts,
+"""The paper's models (partir_plugin/models): small configs train/decode on CPU, parameter counts,
 scan == unrolled, and the Megatron / MQ / ES rules pick exactly the documented tensors."""
 
 from __future__ import annotations
@@ -6,19 +6,14 @@ from __future__ import annotations
 import functools
 import math
 import re
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# benchmarks/ is a top-level folder, not part of the installed partir_plugin package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.models import (  # noqa: E402
+from partir_plugin.models import (
     gns,
     inference_transformer,
     megatron,
@@ -26,7 +21,7 @@ from benchmarks.models import (  # noqa: E402
     transformer,
     unet,
 )
-from benchmarks.models.common import param_paths  # noqa: E402
+from partir_plugin.models.common import param_paths
 
 
 def _abstract_init(module, config):

@@ -34,7 +34,7 @@ REPORT = textwrap.dedent("""
 
 def docs_worker() -> str:
     """The Python block of docs/multihost.md: the test runs the documented program."""
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    blocks = re.findall(r"```python worker\n(.*?)```", DOC.read_text(), re.S)
     assert len(blocks) == 1
     return blocks[0]
 

@@ -1,4 +1,4 @@
-"""The paper's models (benchmarks/models) with every schedule of appendix A.6 that applies:
+"""The paper's models (partir_plugin/models) with every schedule of appendix A.6 that applies:
 numbers equal `jax.jit`'s, and collective counts follow the paper's §7.3 reasoning."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import partir_plugin as partir
-from benchmarks.models import gns, inference_transformer, megatron, transformer, unet
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.models import gns, inference_transformer, megatron, transformer, unet
 from partir_plugin.pipeline import apply_schedule, trace
 
 MESH = {"batch": 4, "model": 2}
@@ -66,7 +66,7 @@ def test_transformer_schedules_match_jax_jit(t1, name):
 
 @pytest.mark.parametrize("layers", [1, 3])
 def test_transformer_collective_formulas(layers):
-    """P = 8L + 3 parameter tensors (benchmarks/models/transformer.py).
+    """P = 8L + 3 parameter tensors (partir_plugin/models/transformer.py).
     BP: one all_reduce per gradient plus the loss: P + 1.
     MP (Megatron): 2 all_reduces per layer forward (attention output, MLP output) and 2
     backward (the gradients flowing into each sharded block's input): 4L.

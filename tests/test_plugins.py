@@ -32,6 +32,7 @@ SCRIPT = textwrap.dedent("""
     import partir_plugin as partir
     from partir_plugin import kernel
     print("tactics", sorted(kernel.tactic_factories()))
+    print("hardware", kernel.find_hardware("EXAMPLE").name)
     f = lambda x, w: x @ w
     x, w = np.ones((16, 4), np.float32), np.ones((4, 2), np.float32)
     step, meta = partir.jit(f, {"batch": 8}, [partir.tactic("ShardX", axis="batch")])
@@ -44,6 +45,7 @@ def test_third_party_tactic_through_entry_point(plugin_env):
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=plugin_env, capture_output=True,
                          text=True, check=True).stdout
     assert "ShardX" in out and "BP" in out
+    assert "hardware example-accelerator" in out
     assert "spec P('batch',) ok True" in out
 
 

@@ -22,7 +22,7 @@ from partir_plugin.spmd.redistribution import (
     parse_paper_type,
     plan_redistribution,
 )
-from partir_plugin.spmd.redistribution.simulate import verify
+from partir_plugin.spmd.redistribution.emulate import verify
 
 MESHES = [{"a": 2, "b": 2, "c": 2}, {"a": 4, "b": 2}, {"x": 4, "y": 6}]
 

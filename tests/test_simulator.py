@@ -5,14 +5,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from partir_simulators.analytical import trip_count
+from partir_simulators.comm import ring_time
 
 from partir_plugin import kernel
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.ir.graph import Block, Func, Op
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.ir.types import TensorType
-from partir_plugin.plugins.simulators.analytical import trip_count
-from partir_plugin.plugins.simulators.comm import ring_time
 from partir_plugin.simulation import HardwareSpec, LinkClass, simulate
 from partir_plugin.spmd.collectives import mark
 

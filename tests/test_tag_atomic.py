@@ -25,7 +25,7 @@ def test_transpose_conflict_is_recorded_not_resolved():
                                rtol=1e-4, atol=1e-3)
     [conflict] = meta.tactics[0].conflicts
     assert "dot_general" in conflict and "'M'" in conflict
-    assert "conflict after ManualPartition(M)" in meta.report()
+    assert "conflict after x@M" in meta.report()  # the row name derived from inputs, axis
     assert meta.tactics[0].collectives["all_gather"] == 2  # both operands gathered
 
 

@@ -78,3 +78,30 @@ class Mesh:
         for a in axes:
             n *= self.axis_size(a)
         return n
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """`"batch=4,model=2"` -> `{"batch": 4, "model": 2}` (axes major to minor): the one parser
+    of the command line's `--mesh`. Raises PartitionError naming the bad entry."""
+    mesh: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, eq, size = part.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise PartitionError(f"--mesh: expected AXIS=SIZE pairs like batch=4,model=2; "
+                                 f"got {part!r}")
+        try:
+            n = int(size)
+        except ValueError:
+            raise PartitionError(f"--mesh: size of axis {name!r} must be an integer, got "
+                                 f"{size.strip()!r}") from None
+        if n < 1:
+            raise PartitionError(f"--mesh: size of axis {name!r} must be positive, got {n}")
+        if name in mesh:
+            raise PartitionError(f"--mesh: axis {name!r} appears twice")
+        mesh[name] = n
+    if not mesh:
+        raise PartitionError("--mesh: no axes given (expected e.g. batch=4,model=2)")
+    return mesh

@@ -76,12 +76,3 @@ class TileMappingRegistry:
         self._cache[op] = result
         return result
 
-
-def default_registry() -> TileMappingRegistry:
-    """A registry with the Shardy-derived fallback and every plugin's rules."""
-    from ..kernel import plugin_manager
-    from .shardy_rules import entries_from_shardy
-
-    registry = TileMappingRegistry(fallback=entries_from_shardy)
-    plugin_manager().hook.partir_add_tmr_rules(registry=registry)
-    return registry

@@ -1,7 +1,9 @@
 """The README demo: partition the transformer train step (paper's T, small) with the schedule
 [BP, MP, Z3] on 8 devices, check it against `jax.jit`, and print the per-tactic report.
 
-Run with `make demo` (which sets XLA_FLAGS for 8 virtual CPU devices).
+Run with `make demo` or `partir demo` from any directory: the models ship in the package
+(`partir_plugin.models`). Without XLA_FLAGS, the demo asks XLA for 8 virtual CPU devices
+itself (effective only before jax starts its CPU client).
 """
 
 from __future__ import annotations
@@ -10,25 +12,40 @@ import dataclasses
 import os
 import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# The models live in the repository's benchmarks/ folder, beside the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _ask_for_cpu_devices(n: int = 8) -> None:
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={n}".strip()
+
+
+def demo_config():
+    """The demo's transformer: the paper's T, small (4 layers, d_model 64)."""
+    from partir_plugin.models import transformer
+
+    return dataclasses.replace(transformer.Config.small(layers=4), batch=8, seq_len=16,
+                               d_model=64, heads=4, head_dim=16, ffw=256, vocab=128)
 
 
 def main() -> int:
+    _ask_for_cpu_devices()
     import jax
     import numpy as np
 
     import partir_plugin as partir
-    from benchmarks.models import megatron, transformer
+    from partir_plugin.models import megatron, transformer
 
-    config = dataclasses.replace(transformer.Config.small(layers=4), batch=8, seq_len=16,
-                                 d_model=64, heads=4, head_dim=16, ffw=256, vocab=128)
+    config = demo_config()
     train_step = transformer.make_train_step(config)
     params, opt_state, batch = transformer.init(config, jax.random.PRNGKey(0))
 
+    if len(jax.devices()) < 8:
+        print(f"the demo needs 8 devices, jax has {len(jax.devices())}: set XLA_FLAGS="
+              f"{DEVICE_FLAG}=8 before jax starts", file=sys.stderr)
+        return 2
     mesh = jax.make_mesh((4, 2), ("batch", "model"), devices=jax.devices()[:8])
     schedule = [
         partir.tactic("BP", axis="batch"),
@@ -36,7 +53,7 @@ def main() -> int:
         partir.tactic("Z3", axis="batch"),
     ]
     start = time.perf_counter()
-    step, meta = partir.jit(train_step, mesh, schedule, hardware="host-cpu")
+    step, meta = partir.jit(train_step, mesh, schedule)  # estimates on the default spec
     step.lower(params, opt_state, batch)
     partition_s = time.perf_counter() - start
 

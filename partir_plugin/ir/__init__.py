@@ -1,9 +1,18 @@
-"""StableHLO in, StableHLO out: a small Python IR between (DESIGN.md §2.1)."""
+"""The small Python IR (graph, types), its StableHLO importer and its printer.
 
-from .graph import Block, Func, Op, Region, Value, users_of, walk
-from .importer import import_lowered, import_stablehlo
-from .printer import print_module
-from .types import TensorType
+Names resolve lazily: `partir_plugin.ir.graph` needs no MLIR, only the importer and printer
+do, so the IR's data types load without jaxlib's bindings.
+"""
 
-__all__ = ["Block", "Func", "Op", "Region", "TensorType", "Value", "import_lowered",
-           "import_stablehlo", "print_module", "users_of", "walk"]
+from __future__ import annotations
+
+from .. import lazy_exports
+
+_EXPORTS = {
+    "Block": "graph", "Func": "graph", "Op": "graph", "Region": "graph", "Value": "graph",
+    "users_of": "graph", "walk": "graph", "import_lowered": "importer",
+    "import_stablehlo": "importer", "print_module": "printer", "TensorType": "types",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

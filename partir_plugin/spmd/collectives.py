@@ -13,6 +13,7 @@ read them back without re-deriving mesh axes from replica groups:
 
 from __future__ import annotations
 
+import enum
 import json
 
 from ..ir.graph import Op
@@ -20,19 +21,46 @@ from ..ir.graph import Op
 KIND_ATTR = "partir.collective"
 AXES_ATTR = "partir.axes"
 
-COUNTED_KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_permute")
+
+class Collective(enum.StrEnum):
+    """The collective kinds of PartIR:HLO, defined once. A `str` enum: each member equals its
+    value, so `Metadata.tactics[i].collectives["all_gather"]` and JSON keep plain strings."""
+
+    ALL_GATHER = "all_gather"
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    ALL_PERMUTE = "all_permute"
+    ALL_SLICE = "all_slice"  # a local dynamic_slice: no communication, never counted
+
+    @property
+    def short(self) -> str:
+        """The report's column header ("AG", "AR", ...)."""
+        return _SHORT[self]
+
+    @property
+    def counted(self) -> bool:
+        return self is not Collective.ALL_SLICE
 
 
-def mark(op: Op, kind: str, axes) -> Op:
-    op.attributes[KIND_ATTR] = json.dumps(kind)
+_SHORT = {Collective.ALL_GATHER: "AG", Collective.ALL_REDUCE: "AR",
+          Collective.REDUCE_SCATTER: "RS", Collective.ALL_TO_ALL: "A2A",
+          Collective.ALL_PERMUTE: "AP", Collective.ALL_SLICE: "AS"}
+
+# The kinds a report counts, in its column order (paper 1 Table 2).
+COUNTED_KINDS: tuple[Collective, ...] = tuple(k for k in Collective if k.counted)
+
+
+def mark(op: Op, kind: Collective | str, axes) -> Op:
+    op.attributes[KIND_ATTR] = json.dumps(str(Collective(kind)))
     op.attributes[AXES_ATTR] = "[" + ", ".join(json.dumps(a) for a in axes) + "]"
     return op
 
 
-def collective_kind(op: Op) -> str | None:
+def collective_kind(op: Op) -> Collective | None:
     """The PartIR:HLO collective kind of `op`, or None for an ordinary op."""
     text = op.attributes.get(KIND_ATTR)
-    return json.loads(text) if text else None
+    return Collective(json.loads(text)) if text else None
 
 
 def collective_axes(op: Op) -> tuple[str, ...]:
@@ -42,7 +70,7 @@ def collective_axes(op: Op) -> tuple[str, ...]:
 
 def count_collectives(ops) -> dict[str, int]:
     """Counts per kind over `ops` (a device-local function's ops), all_slice excluded."""
-    counts = dict.fromkeys(COUNTED_KINDS, 0)
+    counts = {str(k): 0 for k in COUNTED_KINDS}  # plain str keys (API contract)
     for op in ops:
         kind = collective_kind(op)
         if kind in counts:

@@ -20,7 +20,7 @@ from ..core.tmr import Sum
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.printer import print_func
 from ..ir.types import TensorType
-from .collectives import count_collectives, mark
+from .collectives import Collective, count_collectives, mark
 from .layout import Layout
 
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
@@ -288,9 +288,9 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
             em.plans.append(plan)
             return emit_plan(em, x, plan)
     for step in simple:
-        if step[0] == "all_to_all":
+        if step[0] == Collective.ALL_TO_ALL:
             x = em.all_to_all(x, split_dim=step[1], concat_dim=step[2], axes=step[3])
-        elif step[0] == "all_gather":
+        elif step[0] == Collective.ALL_GATHER:
             x = em.all_gather(x, step[1], step[2])
         else:
             x = em.all_slice(x, step[1])
@@ -314,7 +314,7 @@ def _simple_steps(dims, want) -> list[tuple]:
             axis = dims[d1][-1]
             for d2 in range(rank):
                 if d2 != d1 and want[d2][: len(dims[d2]) + 1] == dims[d2] + (axis,):
-                    steps.append(("all_to_all", d2, d1, (axis,)))
+                    steps.append((Collective.ALL_TO_ALL, d2, d1, (axis,)))
                     dims[d1], dims[d2] = dims[d1][:-1], dims[d2] + (axis,)
                     moved = True
                     break
@@ -326,22 +326,22 @@ def _simple_steps(dims, want) -> list[tuple]:
         while keep < len(dims[d]) and keep < len(want[d]) and dims[d][keep] == want[d][keep]:
             keep += 1
         if keep < len(dims[d]):
-            steps.append(("all_gather", d, dims[d][keep:]))
+            steps.append((Collective.ALL_GATHER, d, dims[d][keep:]))
             dims[d] = dims[d][:keep]
     # Slice what the target adds.
     new_axes = {d: want[d][len(dims[d]):] for d in range(rank) if len(want[d]) > len(dims[d])}
     if new_axes:
-        steps.append(("all_slice", new_axes))
+        steps.append((Collective.ALL_SLICE, new_axes))
     return steps
 
 
 def _is_simple(mesh: Mesh, dims, want, steps) -> bool:
     """At most one all_to_all, no dimension both gathered and sliced, and never more per
     device than max(source tile, target tile)."""
-    if sum(s[0] == "all_to_all" for s in steps) > 1:
+    if sum(s[0] == Collective.ALL_TO_ALL for s in steps) > 1:
         return False
-    gathered = {s[1] for s in steps if s[0] == "all_gather"}
-    sliced = {d for s in steps if s[0] == "all_slice" for d in s[1]}
+    gathered = {s[1] for s in steps if s[0] == Collective.ALL_GATHER}
+    sliced = {d for s in steps if s[0] == Collective.ALL_SLICE for d in s[1]}
     if gathered & sliced:
         return False
 
@@ -350,9 +350,9 @@ def _is_simple(mesh: Mesh, dims, want, steps) -> bool:
 
     lowest, current = parts(dims), parts(dims)
     for s in steps:
-        if s[0] == "all_gather":
+        if s[0] == Collective.ALL_GATHER:
             current //= mesh.product(s[2])
-        elif s[0] == "all_slice":
+        elif s[0] == Collective.ALL_SLICE:
             current *= mesh.product([a for axes in s[1].values() for a in axes])
         lowest = min(lowest, current)
     return lowest >= min(parts(dims), parts(want))

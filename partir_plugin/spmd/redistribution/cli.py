@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ...core.mesh import parse_mesh
 from ...errors import PartitionError
 from .plan import plan_redistribution
 
@@ -17,17 +18,6 @@ SPEC_HELP = (
     "replicated): None (or -) for a replicated dimension, an axis name, or (a,b) for axes "
     'listed MAJOR to MINOR as in jax, e.g. "a,(b,c)" or "(c,a),None"'
 )
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """`"a=2,b=4"` -> `{"a": 2, "b": 4}` (axes major to minor)."""
-    mesh = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name, sep, size = item.partition("=")
-        if not sep or not size.strip().isdigit():
-            raise PartitionError(f"mesh entry {item!r} is not name=size")
-        mesh[name.strip()] = int(size)
-    return mesh
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -67,7 +57,6 @@ def parse_spec(text: str) -> tuple:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Plan a memory-bounded redistribution and print its collectives."
     parser.add_argument("--mesh", required=True, help="mesh axes major to minor, e.g. a=2,b=2,c=2")
     parser.add_argument("--shape", required=True, help="global shape, e.g. 8,16")
     parser.add_argument("--dtype", default="f32", help="element type, e.g. f32, bf16 (default f32)")

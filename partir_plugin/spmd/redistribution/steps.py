@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..collectives import Collective
 from .types import DistType
 
 
@@ -33,7 +34,7 @@ class AllGather(Step):
 
     dim: int
     groups: list[list[int]]
-    kind: str = field(default="all_gather", init=False)
+    kind: Collective = field(default=Collective.ALL_GATHER, init=False)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class AllToAll(Step):
     split_dim: int
     concat_dim: int
     groups: list[list[int]]
-    kind: str = field(default="all_to_all", init=False)
+    kind: Collective = field(default=Collective.ALL_TO_ALL, init=False)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class AllSlice(Step):
     dim: int
     num_blocks: int
     block_index: list[int]
-    kind: str = field(default="all_slice", init=False)
+    kind: Collective = field(default=Collective.ALL_SLICE, init=False)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class AllPermute(Step):
     so every device receives a tile; (r, r) pairs keep the tile in place."""
 
     pairs: list[tuple[int, int]]
-    kind: str = field(default="all_permute", init=False)
+    kind: Collective = field(default=Collective.ALL_PERMUTE, init=False)
 
     @property
     def moved(self) -> int:
@@ -87,4 +88,4 @@ def describe(step: Step) -> str:
     else:
         assert isinstance(step, AllPermute)
         what = f"{step.moved} of {len(step.pairs)} devices move"
-    return f"{step.kind:<11} axes ({axes}): {what}"
+    return f"{step.kind!s:<11} axes ({axes}): {what}"

@@ -1,0 +1,1 @@
+"""PartIR:Core (paper 1, section 5): mesh, actions, TMR, propagation, partition state."""

@@ -1,0 +1,64 @@
+"""The plugin-author API (named after `jax.extend`): everything a plugin needs, in one place.
+
+A plugin imports only `partir_plugin` (the user API) and this module; the kernel's other
+modules are internal and may move. An import-linter contract in `pyproject.toml` holds the
+built-in plugins to that rule, and the third-party example under `tests/third_party_plugin/`
+follows it.
+
+What is here, by the hook that needs it:
+
+- every hook: `hookimpl`, `override` (replace another plugin's entry on purpose),
+  `PartitionError`, `PluginError`.
+- `partir_add_tactics`: `TacticContext` (`tile`, `atomic`, `propagate`, `leaves_of`),
+  `Leaf`, `ManualPartition` and the selector constants.
+- `partir_add_tmr_rules`: `TileMappingRegistry`, `TMREntry`, `Sum`, the IR (`Op`, `Value`,
+  `TensorType`), and the rule helpers the built-in rules share (`entries_from_shardy`,
+  `splat_value`, `lookup_dim`).
+- `partir_add_searchers`: `Budget`, `SearchResult`, `PartitionState` (copy, `tile_value`,
+  `can_tile`), `propagate`, `lower_to_spmd` (-> `SpmdProgram`), `simulate`,
+  `resolve_hardware`, `resolve_simulator`.
+- `partir_add_hardware`: `HardwareSpec`, `LinkClass`.
+- `partir_add_simulators`: the device-local program (`Func`, `Block`, `Op`, `Value`,
+  `Region`), `Mesh`, `Collective` with `collective_kind` / `collective_axes` (how the lowering
+  marks its collectives), `SimulationResult`, `CollectiveCost`, `Simulator`.
+- `partir_add_cli_commands`: `parse_mesh` (the one `AXIS=SIZE,...` parser).
+"""
+
+from __future__ import annotations
+
+from .core.actions import Leaf, TacticContext
+from .core.gather import lookup_dim
+from .core.mesh import Mesh, parse_mesh
+from .core.propagation import propagate
+from .core.shardy_rules import entries_from_shardy, splat_value
+from .core.state import PartitionState
+from .core.tmr import Sum, TileMappingRegistry, TMREntry
+from .errors import PartitionError, PluginError, UnknownNameError
+from .hookspecs import Override, hookimpl, override
+from .ir.graph import Block, Func, Op, Region, Value
+from .ir.types import TensorType
+from .search import Budget, SearchResult
+from .simulation import (
+    CollectiveCost,
+    HardwareSpec,
+    LinkClass,
+    SimulationResult,
+    Simulator,
+    resolve_hardware,
+    resolve_simulator,
+    simulate,
+)
+from .spmd.collectives import Collective, collective_axes, collective_kind
+from .spmd.lowering import SpmdProgram, lower_to_spmd
+from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+
+__all__ = [
+    "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective",
+    "CollectiveCost", "Func", "HardwareSpec", "Leaf", "LinkClass", "ManualPartition", "Mesh",
+    "Op", "Override", "PartitionError", "PartitionState", "PluginError", "Region",
+    "SearchResult", "SimulationResult", "Simulator", "SpmdProgram", "Sum", "TMREntry",
+    "TacticContext", "TensorType", "TileMappingRegistry", "UnknownNameError", "Value",
+    "collective_axes", "collective_kind", "entries_from_shardy", "hookimpl", "lookup_dim",
+    "lower_to_spmd", "override", "parse_mesh", "propagate", "resolve_hardware",
+    "resolve_simulator", "simulate", "splat_value",
+]

@@ -1,0 +1,188 @@
+"""`partir calibrate`: measure one virtual CPU device of this host and save the host-cpu spec.
+
+Every measurement runs on all N virtual devices at once (a `shard_map` over an N-device mesh),
+because that is how a partitioned program runs here: the devices share the host's cores and
+memory bus, so a device's figure is what it gets while the others are busy too.
+
+- matmul FLOP/s: each device multiplies two n x n matrices (f32 and bf16);
+- memory bandwidth: each device streams a large array through one fused read + write;
+- collectives: `psum` of a tiny and of a large array, fitted to the ring model
+  t = 2(k-1) * latency + 2(k-1)/k * N / bandwidth after subtracting a no-communication run;
+- kernel overhead: a chain of tiny dependent matmuls, per link of the chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from partir_plugin.extend import HardwareSpec, LinkClass
+
+from .host import DEFAULT_DEVICES, HOST_CPU, calibration_path, physical_memory_bytes
+
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+_CHILD_ENV = "PARTIR_CALIBRATE_CHILD"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="seconds to spend measuring (default 20; under 5 uses small sizes)")
+    parser.add_argument("--devices", type=int, default=DEFAULT_DEVICES,
+                        help=f"virtual CPU devices to measure across (default {DEFAULT_DEVICES})")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="where to save (default $PARTIR_CALIBRATION_FILE or "
+                             "~/.cache/partir_plugin/host_cpu.json)")
+
+
+def _set_device_flag(devices: int) -> None:
+    """Ask XLA for `devices` host devices; only effective before jax creates its CPU client."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={devices}".strip()
+
+
+def _backends_initialised() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return "jax" in sys.modules
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, save and print. A process whose jax already has fewer CPU devices than asked
+    (a test session, a notebook) measures in a fresh interpreter instead."""
+    output = Path(args.output) if args.output else calibration_path()
+    if not _backends_initialised():
+        _set_device_flag(args.devices)
+    import jax
+
+    if len(jax.devices("cpu")) < args.devices and not os.environ.get(_CHILD_ENV):
+        # jax's CPU client already exists with fewer devices: measure in a fresh interpreter.
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if DEVICE_FLAG not in f]
+        env = {**os.environ, _CHILD_ENV: "1",
+               "XLA_FLAGS": " ".join([*flags, f"{DEVICE_FLAG}={args.devices}"])}
+        cmd = [sys.executable, "-m", "partir_plugin.cli", "calibrate",
+               "--budget", str(args.budget),
+               "--devices", str(args.devices), "--output", str(output)]
+        proc = subprocess.run(cmd, env=env)
+        return proc.returncode
+    data = measure(args.budget, args.devices)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data, indent=2))
+    print(f"saved to {output}", file=sys.stderr)
+    return 0
+
+
+def _best_time(fn, *args, budget_s: float, max_reps: int = 20) -> float:
+    """Minimum wall time of `fn(*args)` after one warm-up (compile) call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    deadline = time.perf_counter() + budget_s
+    for _ in range(max_reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() > deadline:
+            break
+    return best
+
+
+def measure(budget_s: float, devices: int) -> dict:
+    """Run the measurements on `devices` CPU devices; return the spec as a JSON-ready dict."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    start = time.perf_counter()
+    quick = budget_s < 5
+    cpus = jax.devices("cpu")[:devices]
+    k = len(cpus)
+    mesh = Mesh(np.array(cpus), ("d",))
+    sharding = NamedSharding(mesh, P("d"))
+    share = budget_s / 6  # about six timed phases
+
+    def per_device(fn):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+
+    def per_device2(fn):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("d"), P("d")),
+                                     out_specs=P("d")))
+
+    def put(shape, dtype):
+        return jax.device_put(jnp.ones((k * shape[0], *shape[1:]), dtype), sharding)
+
+    flops: dict[str, float] = {}
+    matmul = per_device2(lambda a, b: a @ b)
+    for element, dtype, n in (("f32", jnp.float32, 256 if quick else 1024),
+                              ("bf16", jnp.bfloat16, 128 if quick else 512)):
+        a, b = put((n, n), dtype), put((n, n), dtype)
+        flops[element] = 2.0 * n**3 / _best_time(matmul, a, b, budget_s=share)
+
+    elems = (1 if quick else 8) * 2**20  # f32 elements per device: 4 MiB or 32 MiB
+    x = put((elems,), jnp.float32)
+    stream = per_device(lambda v: v * 1.0001 + 1.0)
+    mem_bw = 2.0 * 4 * elems / _best_time(stream, x, budget_s=share)
+
+    psum = per_device(lambda v: jax.lax.psum(v, "d"))
+    noop = per_device(lambda v: v + 1.0)
+    small = put((8,), jnp.float32)
+    t_small = _best_time(psum, small, budget_s=share)
+    t_small0 = _best_time(noop, small, budget_s=share / 2)
+    steps = max(2 * (k - 1), 1)
+    latency = max(t_small - t_small0, 1e-7) / steps
+    big_elems = (1 if quick else 4) * 2**20 // 4
+    big = put((big_elems,), jnp.float32)
+    nbytes = 4 * big_elems
+    t_big = _best_time(psum, big, budget_s=share * 1.5)
+    # Bandwidth from the slope between the two sizes: dispatch and latency cancel out.
+    ring_factor = 2.0 * (k - 1) / k if k > 1 else 1.0
+    moved = ring_factor * (nbytes - 4 * 8)
+    link_bw = moved / max(t_big - t_small, moved / 1e12)
+
+    chain = 32
+
+    def chained(v, n):
+        w = v[:8, :8]
+        y = v[:8, :8]
+        for _ in range(n):
+            y = jnp.tanh(y @ w)
+        return y
+
+    tiny = put((8, 8), jnp.float32)
+    t_long = _best_time(per_device(lambda v: chained(v, chain)), tiny, budget_s=share / 2)
+    t_short = _best_time(per_device(lambda v: chained(v, 1)), tiny, budget_s=share / 2)
+    overhead = max(t_long - t_short, 0.0) / (chain - 1)
+
+    spec = HardwareSpec(
+        name=HOST_CPU, flops_per_s=flops,
+        memory_bytes=physical_memory_bytes() // max(k, 1),
+        memory_bandwidth_bytes_per_s=mem_bw,
+        links={"host": LinkClass("host", link_bw, latency)}, default_link="host",
+        kernel_overhead_s=overhead,
+        notes=f"measured by `partir calibrate` across {k} virtual CPU devices",
+    )
+    data = spec.to_dict()
+    data["measurements"] = {
+        "devices": k, "quick": quick, "matmul_n": {"f32": 256 if quick else 1024,
+                                                   "bf16": 128 if quick else 512},
+        "stream_bytes_per_device": 4 * elems, "psum_small_s": t_small,
+        "noop_small_s": t_small0, "psum_large_s": t_big,
+        "psum_large_bytes_per_device": nbytes, "chain_long_s": t_long, "chain_short_s": t_short,
+        "seconds": round(time.perf_counter() - start, 3), "jax": jax.__version__,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    return data
+

@@ -1,0 +1,81 @@
+"""Datasheet hardware specs (per device; per core on TPU).
+
+Matrix peaks are the dense tensor-core figures (sparsity figures halved away); memory capacities
+are read as GiB because HBM stacks are binary-sized. NVIDIA quotes NVLink bandwidth as the
+bidirectional total; a ring sends in one direction, so links carry half of it. Latencies are not
+on datasheets: the values below (about 1 us per NVLink/ICI ring step, 5 us across InfiniBand) are
+order-of-magnitude assumptions, visible only for small collectives.
+"""
+
+from __future__ import annotations
+
+from partir_plugin.extend import HardwareSpec, LinkClass
+
+GiB = 2**30
+
+TPU_V3 = HardwareSpec(
+    name="tpu-v3",
+    aliases=("tpuv3", "tpu_v3", "v3"),
+    # PartIR paper appendix A.2: per tensor core 16 GiB HBM2, 61.5 TFLOP/s f32, 123 bf16/f16.
+    flops_per_s={"f32": 61.5e12, "bf16": 123e12, "f16": 123e12},
+    memory_bytes=16 * GiB,
+    # Jouppi et al. 2020 (CACM, "A domain-specific supercomputer for training DNNs"): 900 GB/s
+    # HBM per chip, shared by its two cores.
+    memory_bandwidth_bytes_per_s=450e9,
+    # A.2: four 70 GB/s ICI links per chip; a ring along one torus axis sends over one of them.
+    links={"ici": LinkClass("ici", 70e9, 1e-6)},
+    default_link="ici",
+    notes="PartIR appendix A.2; HBM bandwidth from Jouppi et al. 2020; per core",
+)
+
+A100_40GB = HardwareSpec(
+    name="a100-40gb",
+    aliases=("a100", "a100-40g", "a100_40gb"),
+    # NVIDIA A100 datasheet (SXM): TF32 156, BF16/FP16 312, FP64 tensor 19.5 TFLOP/s,
+    # INT8 624 TOPS; FP32 (non-tensor) 19.5 TFLOP/s for elementwise work.
+    flops_per_s={"f32": 156e12, "bf16": 312e12, "f16": 312e12, "f64": 19.5e12, "i8": 624e12},
+    vector_flops_per_s=19.5e12,
+    memory_bytes=40 * GiB,
+    memory_bandwidth_bytes_per_s=1555e9,  # HBM2, 1,555 GB/s
+    # NVLink 600 GB/s bidirectional -> 300 GB/s each way; DGX A100: one 200 Gb/s HDR
+    # InfiniBand port per GPU -> 25 GB/s across hosts.
+    links={"nvlink": LinkClass("nvlink", 300e9, 1e-6),
+           "network": LinkClass("network", 25e9, 5e-6)},
+    default_link="nvlink",
+    notes="NVIDIA A100 40GB SXM datasheet; PartIR appendix A.2",
+)
+
+H100_SXM = HardwareSpec(
+    name="h100-sxm",
+    aliases=("h100", "h100-80gb", "h100_sxm"),
+    # NVIDIA H100 datasheet (SXM), dense: TF32 494.5, BF16/FP16 989.5, FP8 1979, FP64 tensor 67
+    # TFLOP/s, INT8 1979 TOPS; FP32 (non-tensor) 67 TFLOP/s.
+    flops_per_s={"f32": 494.5e12, "bf16": 989.5e12, "f16": 989.5e12, "f8E4M3FN": 1979e12,
+                 "f8E5M2": 1979e12, "f64": 67e12, "i8": 1979e12},
+    vector_flops_per_s=67e12,
+    memory_bytes=80 * GiB,
+    memory_bandwidth_bytes_per_s=3.35e12,  # HBM3, 3.35 TB/s
+    # NVLink 900 GB/s bidirectional -> 450 GB/s each way; DGX H100: one 400 Gb/s NDR
+    # InfiniBand port per GPU -> 50 GB/s across hosts.
+    links={"nvlink": LinkClass("nvlink", 450e9, 1e-6),
+           "network": LinkClass("network", 50e9, 5e-6)},
+    default_link="nvlink",
+    notes="NVIDIA H100 SXM5 80GB datasheet",
+)
+
+H200_SXM = HardwareSpec(
+    name="h200-sxm",
+    aliases=("h200", "h200-141gb", "h200_sxm"),
+    # NVIDIA H200 datasheet (SXM): the H100's compute (dense figures as above) with 141 GB HBM3e
+    # at 4.8 TB/s; NVLink 900 GB/s; HGX H200 pairs each GPU with a 400 Gb/s NIC.
+    flops_per_s=dict(H100_SXM.flops_per_s),
+    vector_flops_per_s=67e12,
+    memory_bytes=141 * GiB,
+    memory_bandwidth_bytes_per_s=4.8e12,
+    links={"nvlink": LinkClass("nvlink", 450e9, 1e-6),
+           "network": LinkClass("network", 50e9, 5e-6)},
+    default_link="nvlink",
+    notes="NVIDIA H200 SXM 141GB datasheet",
+)
+
+DATASHEET_SPECS = (TPU_V3, A100_40GB, H100_SXM, H200_SXM)

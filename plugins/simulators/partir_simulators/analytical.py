@@ -1,0 +1,266 @@
+"""The analytical simulator: roofline kernels, ring collectives, live-range memory.
+
+The device-local program is cut into kernels the way a fusing backend would: an elementwise or
+data-movement op whose every user can absorb it (another such op or a reduction) is fused into
+its users, so its result is never materialised; every other op is a kernel root. A kernel takes
+max(flops / peak, bytes / memory bandwidth) (+ the spec's per-kernel overhead); a collective takes
+its ring time on the link of its mesh axes. Kernels run in program order on a compute stream and
+a communication stream; without overlap the two are one stream.
+
+Peak memory follows XLA's accounting: arguments and outputs are held for the whole program
+(the runtime allocates outputs before it starts), temporaries from the kernel defining them to
+their last reader, fused intermediates never. An elementwise kernel reuses the buffer of a
+temporary input it reads elementwise for the last time, an in-place update or a while loop its
+operand's (XLA's buffer sharing); a temporary that dies before an output is written lives in
+that output's buffer (XLA's buffer assignment fills live-out allocations first); a
+reduce_scatter over an inner dimension first copies its operand (XLA's layout assignment).
+A `while` costs its body and condition times the trip count when the loop is a counted loop
+(`i = c0; i < c1; i += c2`, as `fori_loop`/`scan` emit), else once; a `case`/`if` costs its most
+expensive branch.
+
+This module costs kernels; the other concepts have a module each: `fusion.py` (which values
+are fused), `timeline.py` (the two streams), `buffers.py` (buffer assignment and the memory-
+aware order), `loops.py` (trip counts), `comm.py` (collectives), `opcost.py` (per-op work),
+`costs.py` (the records they exchange).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+
+from partir_plugin.extend import Block, Func, Mesh, Op, SimulationResult, Value
+
+from . import opcost
+from .buffers import assign_buffers, shareable_inputs
+from .comm import collective_cost, communication_kind
+from .costs import BlockCost, Kernel, nbytes
+from .fusion import fused_values
+from .loops import trip_count
+from .opcost import short_name
+from .timeline import list_schedule
+
+__all__ = ["simulate", "trip_count"]
+
+TERMINATORS = frozenset({"return"})
+SIDE_EFFECTS = frozenset({"custom_call", "outfeed", "send", "recv", "infeed"})
+
+
+def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
+    """Ops whose results are needed (XLA removes the rest)."""
+    needed: set[Value] = set(returns)
+    live: list[Op] = []
+    for op in reversed(ops):
+        name = short_name(op)
+        if (not op.results or name in SIDE_EFFECTS or any(r in needed for r in op.results)):
+            live.append(op)
+            needed.update(op.inputs)
+    live.reverse()
+    return live
+
+
+class _Analyser:
+    def __init__(self, mesh: Mesh, hardware, overlap: bool, fusion: bool):
+        self.mesh = mesh
+        self.hw = hardware
+        self.overlap = overlap
+        self.fusion = fusion
+
+    # -- one block -------------------------------------------------------------------------
+    def block(self, block: Block, returns: Sequence[Value], *, top: bool = False) -> BlockCost:
+        ops = [op for op in block.ops if short_name(op) not in TERMINATORS]
+        ops = _live_ops(ops, returns)
+        cost = BlockCost()
+        returned = set(returns)
+        users: dict[Value, list[Op]] = {}
+        for op in ops:
+            for v in op.inputs:
+                users.setdefault(v, []).append(op)
+
+        fused = fused_values(ops, returned, users) if self.fusion else set()
+
+        owner: dict[Value, Value] = {}  # value -> the value owning its buffer
+        kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
+        kernels: list[Kernel] = []
+        claimed: set[Op] = set()
+        for op in ops:
+            name = short_name(op)
+            if op.results and all(r in fused for r in op.results):
+                continue
+            if name in opcost.FREE:
+                for r in op.results:
+                    owner[r] = r
+                    kinds[r] = "const"
+                continue
+            if name == "constant":
+                owner[op.results[0]] = op.results[0]
+                kinds[op.results[0]] = "const"
+                continue
+            if name in opcost.VIEWS and communication_kind(op) is None and all(
+                    nbytes(r) == nbytes(v) and v not in fused
+                    for r, v in zip(op.results, op.operands)):
+                for r, v in zip(op.results, op.operands):
+                    owner[r] = owner.get(v, v)
+                continue
+            copy = layout_copy(op)
+            if copy is not None:  # XLA's layout assignment: a transposing copy of the operand
+                kernels.append(self._kernel(copy, fused, claimed, cost))
+                owner[copy.results[0]] = copy.results[0]
+                kinds[copy.results[0]] = "temp"
+            kernels.append(self._kernel(op, fused, claimed, cost))
+            if copy is not None:
+                kernels[-1].inputs = [copy.results[0]]
+            for r in op.results:
+                owner[r] = r
+                kinds[r] = "temp"
+
+        cost.runtime = list_schedule(kernels, owner, self.overlap)
+        assign_buffers(kernels, owner, kinds, returns, cost, top)
+        return cost
+
+    # -- kernels ---------------------------------------------------------------------------
+    def _kernel(self, root: Op, fused: set[Value], claimed: set[Op], cost: BlockCost) -> Kernel:
+        name = short_name(root)
+        if communication_kind(root) is not None:
+            c = collective_cost(root, self.mesh, self.hw)
+            cost.collectives.append(c)
+            cost.comm_s += c.time_s
+            return Kernel(root, list(root.inputs), list(root.results), "comm", c.time_s,
+                           comm_s=c.time_s)
+        if name in ("while", "case", "if"):
+            return self._compound(root, cost)
+
+        # The fused closure: root plus every fused producer reachable through fused values.
+        members: list[Op] = []
+        reads: dict[Value, int] = {}
+        stack, seen = [root], {root}
+        while stack:
+            op = stack.pop()
+            members.append(op)
+            op_name = short_name(op)
+            for i, v in enumerate(op.inputs):
+                if v in fused and v.producer is not None:
+                    if v.producer not in seen:
+                        seen.add(v.producer)
+                        stack.append(v.producer)
+                    continue
+                n = nbytes(v)
+                if i == 0 and op_name in opcost.PARTIAL_READS:
+                    n = min(n, nbytes(op.results[0]))
+                elif i == 0 and op_name in opcost.IN_PLACE:
+                    n = 0
+                reads[v] = max(reads.get(v, 0), n)
+        if name in opcost.IN_PLACE:
+            written = nbytes(root.operands[-1]) if name == "scatter" else nbytes(root.operands[1])
+        else:
+            written = sum(nbytes(r) for r in root.results)
+        moved = sum(reads.values()) + written
+
+        compute = 0.0
+        for op in members:
+            if op in claimed:  # a producer duplicated into several kernels is charged once
+                continue
+            claimed.add(op)
+            flops, trans, known = opcost.op_work(op)
+            if not known:
+                cost.unknown_ops.add(op.name)
+            cost.flops += flops
+            cost.transcendentals += trans
+            element = opcost.compute_element(op)
+            if opcost.is_matrix_op(op):
+                compute += flops / self.hw.matrix_flops_for(element)
+            else:
+                work = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
+                compute += work / self.hw.vector_flops_for(element)
+        memory = moved / self.hw.memory_bandwidth_bytes_per_s
+        duration = max(compute, memory) + self.hw.kernel_overhead_s
+        cost.bytes += moved
+        cost.kernels += 1
+        cost.compute_s += duration
+        return Kernel(root, list(reads), list(root.results), "compute", duration,
+                       compute_s=duration, shareable=shareable_inputs(root, members, reads))
+
+    def _compound(self, op: Op, cost: BlockCost) -> Kernel:
+        """A while loop (body + condition, times the trip count) or the costliest branch."""
+        if short_name(op) == "while":
+            trips = trip_count(op)
+            if trips is None:
+                trips = 1
+                cost.unknown_trips += 1
+            parts = [self.block(r.blocks[0], r.blocks[0].ops[-1].operands if r.blocks[0].ops
+                                else []) for r in op.regions]
+            chosen, times = parts, trips
+        else:
+            branches = [self.block(r.blocks[0], r.blocks[0].ops[-1].operands if r.blocks[0].ops
+                                   else []) for r in op.regions]
+            chosen, times = [max(branches, key=lambda b: b.runtime)], 1
+            parts = branches
+        k = Kernel(op, list(op.inputs), list(op.results), "both",
+                    shareable=tuple(op.inputs) if short_name(op) == "while" else ())
+        for part in chosen:
+            k.duration += times * part.runtime
+            k.compute_s += times * part.compute_s
+            k.comm_s += times * part.comm_s
+            cost.flops += times * part.flops
+            cost.transcendentals += times * part.transcendentals
+            cost.bytes += times * part.bytes
+            cost.kernels += times * part.kernels
+            cost.collectives.extend(dataclasses.replace(c, count=c.count * times)
+                                    for c in part.collectives)
+        for part in parts:
+            cost.unknown_ops |= part.unknown_ops
+            cost.unknown_trips += part.unknown_trips
+        k.transient = max((p.temp_peak for p in parts), default=0)
+        cost.compute_s += k.compute_s
+        cost.comm_s += k.comm_s
+        return k
+
+
+def layout_copy(op: Op) -> Op | None:
+    """The copy XLA inserts before a `reduce_scatter` over a dimension that is not the
+    outermost: the collective works on contiguous chunks, so layout assignment gives its operand
+    a layout with the scattered dimension major, and the producer's row-major result is copied
+    into it (the operand and the copy are live together). A transpose of the result back is a
+    free bitcast. None when no copy is needed (every dimension before it has size 1)."""
+    if communication_kind(op) != "reduce_scatter" or len(op.operands) != 1:
+        return None
+    m = re.match(r"\s*(\d+)", op.attributes.get("scatter_dimension", "0"))
+    dim = int(m.group(1)) if m else 0
+    operand = op.operands[0]
+    if not operand.type.is_tensor or math.prod(operand.type.shape[:dim]) <= 1:
+        return None
+    return Op("stablehlo.copy", [operand], [operand.type])
+
+
+def simulate(func: Func, mesh: Mesh, hardware, *, overlap: bool = False,
+             donated_args: Sequence[int] = (), fusion: bool = True) -> SimulationResult:
+    """Estimate one device's runtime, flops and peak memory for the device-local `func`.
+
+    `hardware` is a `HardwareSpec` (or an object with its methods). `donated_args` are argument
+    indices whose buffers outputs may reuse (each donated argument aliases the first unaliased
+    output of the same byte size), subtracted as XLA's alias bytes.
+    """
+    mesh = Mesh.of(mesh)
+    cost = _Analyser(mesh, hardware, overlap, fusion).block(func.body, func.returns, top=True)
+    argument_bytes = sum(nbytes(a) for a in func.args)
+    alias = 0
+    free_outputs = [nbytes(v) for v in dict.fromkeys(func.returns)]
+    for i in donated_args:
+        size = nbytes(func.args[i])
+        if size in free_outputs:
+            free_outputs.remove(size)
+            alias += size
+    peak = argument_bytes + cost.output_bytes - alias + cost.temp_peak
+    return SimulationResult(
+        runtime_s=cost.runtime, compute_s=cost.compute_s, communication_s=cost.comm_s,
+        flops=cost.flops, bytes_accessed=cost.bytes, peak_memory_bytes=int(peak),
+        per_collective=cost.collectives, transcendentals=cost.transcendentals,
+        argument_bytes=argument_bytes, output_bytes=cost.output_bytes, alias_bytes=alias,
+        temp_peak_bytes=cost.temp_peak,
+        communication_bytes=sum(c.sent_bytes * c.count for c in cost.collectives),
+        kernels=cost.kernels, unknown_ops=sorted(cost.unknown_ops),
+        unknown_trip_counts=cost.unknown_trips, hardware=getattr(hardware, "name", ""),
+        simulator="analytical", overlap=overlap,
+        memory_limit_bytes=int(getattr(hardware, "memory_bytes", 0)))

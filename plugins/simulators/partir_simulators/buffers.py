@@ -1,0 +1,201 @@
+"""Buffer assignment: temporaries' live ranges over a memory-aware kernel order, in-place
+reuse of dying inputs, and temporaries placed in output allocations, as XLA's buffer
+assignment does (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from partir_plugin.extend import Op, Value
+
+from . import opcost
+from .costs import BlockCost, Kernel, nbytes
+from .opcost import short_name
+
+_ELEMENTWISE = opcost.ELEMENTWISE | opcost.TRANSCENDENTAL
+
+
+def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict[Value, str],
+                   returns: Sequence[Value], cost: BlockCost, top: bool) -> None:
+    """Temporaries' live ranges over a memory-aware kernel order; returned buffers live to
+    the end. At top level returned temporaries count as outputs (held for the whole
+    program)."""
+    n = len(kernels)
+    produced = {r: i for i, k in enumerate(kernels) for r in k.outputs}
+    reads = [list(dict.fromkeys(owner.get(v, v) for v in k.inputs)) for k in kernels]
+    reads = [[o for o in rs if o in produced] for rs in reads]
+    held: set[Value] = set()  # buffers never freed inside this block
+    for v in returns:
+        o = owner.get(v, v)
+        if kinds.get(o) == "temp":
+            held.add(o)
+    if top:
+        seen: set[Value] = set()
+        for v in returns:
+            o = owner.get(v, v)
+            key = o if o in held else v  # an argument or constant returned is copied
+            if key not in seen:
+                cost.output_bytes += nbytes(key)
+                seen.add(key)
+
+    order = memory_order(kernels, reads, produced, held, kinds)
+    pos = {j: p for p, j in enumerate(order)}
+    last: dict[Value, int] = {o: pos[i] for o, i in produced.items()}
+    for j, rs in enumerate(reads):
+        for o in rs:
+            last[o] = max(last[o], pos[j])
+    for o in held:
+        last[o] = n
+    counted = (lambda o: kinds.get(o) == "temp" and o not in held) if top else (
+        lambda o: kinds.get(o) == "temp")
+
+    # Physical buffers, with in-place reuse of same-sized temporaries read for the last time.
+    phys: dict[Value, list[int]] = {}  # owner -> [size, start, end] (shared when reused)
+    outputs: list[list[int]] = []  # top level: [size, first use] of returned temporaries
+    for p, j in enumerate(order):
+        k = kernels[j]
+        dying = [o for o in reads[j] if o in phys and last[o] == p and o not in held]
+        for r in k.outputs:
+            donor = None
+            if k.shareable:
+                share = {owner.get(v, v) for v in k.shareable}
+                donor = next((o for o in dying if o in share and phys[o][0] == nbytes(r)),
+                             None)
+            if not counted(r):
+                start = p
+                if donor is not None and r in held:
+                    # XLA places the donor in the output's buffer: never a temporary.
+                    dying.remove(donor)
+                    start = phys[donor][1]
+                    phys[donor][0] = 0
+                if top and r in held and kinds.get(r) == "temp":
+                    outputs.append([nbytes(r), start])
+                continue
+            if donor is not None:
+                dying.remove(donor)
+                phys[r] = phys[donor]
+                phys[r][2] = max(phys[r][2], last[r])
+            else:
+                phys[r] = [nbytes(r), p, last[r]]
+    buffers = [b for b in {id(b): b for b in phys.values()}.values() if b[0]]
+    if top:
+        buffers = share_output_allocations(buffers, outputs, n)
+    delta = [0] * (n + 2)
+    for size, start, stop in buffers:
+        delta[start] += size
+        delta[stop + 1] -= size
+    live = 0
+    for p in range(n + 1):
+        live += delta[p]
+        extra = kernels[order[p]].transient if p < n else 0
+        cost.temp_peak = max(cost.temp_peak, live + extra)
+
+
+def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tuple[Value, ...]:
+    """Inputs a kernel may overwrite in place, as XLA's CanShareOperandBufferWithUser allows:
+    the updated operand of `dynamic_update_slice`/`scatter`, and for an elementwise kernel the
+    inputs of the result's shape that every fused op reading them uses elementwise on the way
+    to the root (an input read through a transpose, broadcast, slice or reduction is not)."""
+    name = short_name(root)
+    if name in opcost.IN_PLACE:
+        return (root.operands[0],)
+    if name not in _ELEMENTWISE or len(root.results) != 1:
+        return ()
+    shape = root.results[0].type.shape
+    inside = set(members)
+    users: dict[Op, list[Op]] = {}
+    for m in members:
+        for v in m.inputs:
+            if v.producer in inside:
+                users.setdefault(v.producer, []).append(m)
+    ok: dict[Op, bool] = {}
+
+    def elementwise_path(m: Op) -> bool:  # m's result reaches the root only elementwise
+        if m not in ok:
+            ok[m] = m is root or (
+                short_name(m) in _ELEMENTWISE and len(m.results) == 1
+                and m.results[0].type.shape == shape
+                and all(elementwise_path(u) for u in users.get(m, [])))
+        return ok[m]
+
+    return tuple(v for v in reads if v.type.is_tensor and v.type.shape == shape and all(
+        elementwise_path(m) for m in members if v in m.inputs))
+
+
+def share_output_allocations(buffers: list[list[int]], outputs: list[list[int]],
+                              end: int) -> list[list[int]]:
+    """Place temporaries in output buffers before the outputs are written; return the rest.
+
+    XLA's buffer assignment gives every live-out value an allocation of its own, then assigns
+    the other buffers, largest first (earlier definition breaking ties), to an existing
+    allocation at least as large whose occupants' live ranges do not overlap theirs, trying the
+    smallest such allocation first; only what finds no place goes to the temp heap. An output
+    is occupied only from its first write to the end, so e.g. activations that die before the
+    optimizer writes the new parameters live in the parameters' output buffers.
+    `buffers` are [size, first, last] positions in the kernel order (inclusive), `outputs`
+    [size, first write].
+    """
+    allocs = sorted(((size, start) for size, start in outputs), key=lambda a: (-a[0], a[1]))
+    occupied = [[(start, end)] for _, start in allocs]
+    rest = []
+    for b in sorted(buffers, key=lambda b: (-b[0], b[1])):
+        size, first, last = b
+        for i in range(len(allocs) - 1, -1, -1):  # smallest (latest created) first
+            if allocs[i][0] >= size and all(last < s or first > e for s, e in occupied[i]):
+                occupied[i].append((first, last))
+                break
+        else:
+            rest.append(b)
+    return rest
+
+
+def memory_order(kernels: list[Kernel], reads: list[list[Value]], produced: dict[Value, int],
+                  held: set[Value], kinds: dict[Value, str]) -> list[int]:
+    """A topological order of `kernels` that greedily runs the ready kernel freeing the most
+    bytes (freed inputs minus new temporaries), program order breaking ties, as XLA's list
+    scheduler does; program order alone would keep e.g. every gradient alive until the
+    optimizer updates that JAX emits at the end."""
+    n = len(kernels)
+    readers: dict[Value, list[int]] = {}
+    deps = [0] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    for j, rs in enumerate(reads):
+        for o in rs:
+            readers.setdefault(o, []).append(j)
+            i = produced[o]
+            if i != j:
+                deps[j] += 1
+                children[i].append(j)
+    remaining = {o: len(js) for o, js in readers.items()}
+    done = [False] * n
+    alloc = [sum(nbytes(r) for r in k.outputs if kinds.get(r) == "temp" and r not in held)
+             for k in kernels]
+
+    def gain(j: int) -> int:
+        freed = sum(nbytes(o) for o in reads[j] if remaining[o] == 1 and o not in held)
+        return freed - alloc[j]
+
+    heap = [(-gain(j), j) for j in range(n) if deps[j] == 0]
+    heapq.heapify(heap)
+    queued = {j: -g for g, j in heap}
+    order: list[int] = []
+    while heap:
+        key, j = heapq.heappop(heap)
+        if done[j] or queued.get(j) != -key:
+            continue  # a stale entry
+        done[j] = True
+        order.append(j)
+        for o in reads[j]:
+            remaining[o] -= 1
+            if remaining[o] == 1:
+                last_reader = next(m for m in readers[o] if not done[m])
+                if last_reader in queued:
+                    queued[last_reader] = gain(last_reader)
+                    heapq.heappush(heap, (-queued[last_reader], last_reader))
+        for c in children[j]:
+            deps[c] -= 1
+            if deps[c] == 0:
+                queued[c] = gain(c)
+                heapq.heappush(heap, (-queued[c], c))
+    return order

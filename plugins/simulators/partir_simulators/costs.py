@@ -1,0 +1,49 @@
+"""What the analytical simulator computes per kernel and per block: the records that the
+kernel costing (analytical.py), the timeline and the buffer assignment exchange."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from partir_plugin.extend import CollectiveCost, Op, Value
+
+
+def nbytes(v: Value) -> int:
+    """Bytes of a tensor value (0 for tokens and other non-tensors)."""
+    return v.type.nbytes if v.type.is_tensor else 0
+
+
+@dataclass
+class Kernel:
+    """One launched kernel: a root op with its fused producers, a collective, or a loop or
+    branch (a barrier on both streams)."""
+
+    root: Op
+    inputs: list[Value]
+    outputs: list[Value]
+    stream: str  # "compute", "comm" or "both" (a loop or branch: a barrier on both)
+    duration: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    transient: int = 0
+    # Inputs whose buffer the result may take over when read for the last time.
+    shareable: tuple[Value, ...] = ()
+
+
+@dataclass
+class BlockCost:
+    """The totals of one block (a function body, a loop body, a branch)."""
+
+    runtime: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    bytes: float = 0.0
+    collectives: list[CollectiveCost] = field(default_factory=list)
+    kernels: int = 0
+    temp_peak: int = 0
+    unknown_ops: set[str] = field(default_factory=set)
+    unknown_trips: int = 0
+    # Top level only: returned buffers that are not temporaries (arguments or constants).
+    output_bytes: int = 0

@@ -1,0 +1,94 @@
+"""Tactic presets of paper 1 appendix A.6, as factories over argument names and param paths.
+
+    BP = batch_parallel(axis="batch", inputs=("batch",))
+    MP = megatron(rule, axis="model")            # rule: (path, shape) -> dim | None
+    Z3 = zero3(axis="batch")
+    MQ = multi_query(axis="model")               # needs the model's attention tags
+
+Each returns a `ManualPartition`; compose them in a schedule list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from partir_plugin import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition, hookimpl
+
+
+def batch_parallel(axis: str = "batch", inputs: Sequence[str] = ("batch",), dim: int = 0,
+                   name: str = "BP") -> ManualPartition:
+    """BP: tile dimension `dim` (the batch) of every leaf of the `inputs` arguments."""
+    return ManualPartition({arg: dim for arg in inputs}, axis=axis, name=name)
+
+
+def model_parallel(rule: Callable[[str, tuple], int | None], axis: str = "model",
+                   params: str = "params", name: str = "MP") -> ManualPartition:
+    """MP: tile each parameter on the dimension `rule(path, shape)` returns (None: let
+    propagation decide). With a Megatron rule, 2 all_reduces per layer forward, 2 backward."""
+    return ManualPartition({params: rule}, axis=axis, name=name)
+
+
+def zero2(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
+          name: str = "Z2") -> ManualPartition:
+    """Z2: shard optimizer state (and so gradients) on `axis`; keep parameters replicated."""
+    return ManualPartition({params: REPLICATED, opt_state: FIRST_DIVISIBLE_DIM}, axis=axis,
+                           name=name)
+
+
+def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
+          name: str = "Z3") -> ManualPartition:
+    """Z3 (FSDP): shard parameters and optimizer state on `axis`; parameters are gathered
+    before use and their gradients reduce-scattered."""
+    return ManualPartition({params: FIRST_DIVISIBLE_DIM, opt_state: FIRST_DIVISIBLE_DIM},
+                           axis=axis, name=name)
+
+
+def embedding(axis: str = "model", params: str = "params", match: str = "embedding",
+              dim: int = -1, name: str = "EMB") -> ManualPartition:
+    """EMB: tile embedding tables (parameters with a path component equal to `match`; Flax's
+    `nn.Embed` names its table "embedding") on dimension `dim`: -1, d_model, partitions the
+    activations that flow from the lookup; 0, the vocabulary, makes each lookup a masked local
+    gather whose partial results are summed."""
+
+    def rule(path: str, shape: tuple) -> int | None:
+        return dim % len(shape) if match in path.split("/") and len(shape) >= 2 else None
+
+    return ManualPartition({params: rule}, axis=axis, name=name)
+
+
+def multi_query(axis: str = "model", cache: str = "cache", batch_dim: int = 0,
+                heads_dim: int = -2, query: str = "attention/query", key: str = "attention/key",
+                value: str = "attention/value", output: str = "attention/output",
+                name: str = "MQ") -> ManualPartition:
+    """MQ: multi-query sharding (Pope et al. 2022) of decoding with a key-value cache.
+
+    Multi-query attention has one key/value head, so Megatron cannot split the cache by heads
+    and every model shard would hold all of it. MQ tiles the `cache` argument's leaves on
+    their batch dimension along `axis` instead, and runs the attention core batch-sharded
+    between head-sharded projections. It addresses the core through four tags the model puts
+    on it (`partir_plugin.tag`): `query` (after the projection, before the scores) and `key`,
+    `value` (before the cache update) are tiled on `batch_dim`, and `output` (before the
+    output projection) on `heads_dim`. Each tag is a redistribution point: per layer, one
+    all_to_all takes the head-sharded queries to batch shards, one takes the attention
+    output back to heads; keys and values computed whole are just sliced.
+
+    MQ composes after MP (the paper's BP+MP+MQ): its tags are reserved before the schedule
+    runs, so Megatron's propagation stops at them and the core waits for MQ.
+    """
+    return ManualPartition({cache: batch_dim}, axis=axis, name=name,
+                           tags={query: batch_dim, key: batch_dim, value: batch_dim,
+                                 output: heads_dim})
+
+
+def edge_sharding(axis: str = "batch", inputs: str = "batch",
+                  edges: Sequence[str] = ("edges", "senders", "receivers"),
+                  name: str = "ES") -> ManualPartition:
+    """ES: tile the edge arrays of a graph on their edge dimension (0); node features stay
+    replicated, so every aggregation over edges becomes an all_reduce."""
+    return ManualPartition({inputs: {key: 0 for key in edges}}, axis=axis, name=name)
+
+
+@hookimpl
+def partir_add_tactics() -> dict[str, Callable[..., ManualPartition]]:
+    return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
+            "EMB": embedding, "MQ": multi_query, "ES": edge_sharding}
