@@ -35,7 +35,12 @@ class HardwareSpec:
     `dot_general`/`convolution`; `vector_flops_per_s` (when set) is the peak for everything else
     (elementwise work does not run on tensor cores). `axis_links` maps a mesh axis name to a key of
     `links` (e.g. {"hosts": "network"}); axes not listed use `default_link`.
-    `kernel_overhead_s` is a fixed cost per launched kernel (fusion), 0 for datasheet specs.
+    `kernel_overhead_s` is a fixed cost per launched kernel (fusion): launch, dispatch and the
+    gap between kernels. `matrix_efficiency` is the fraction of the matrix peak a large GEMM
+    reaches, `matrix_half_flops` the size (flops) at which a GEMM reaches half of that (small
+    GEMMs are far from peak); `memory_efficiency` the fraction of peak memory bandwidth a
+    streaming kernel reaches. With the defaults (0, 1, 0, 1) a kernel is the datasheet
+    roofline; GPU specs set all four (docs/simulator.md).
     """
 
     name: str
@@ -47,6 +52,9 @@ class HardwareSpec:
     axis_links: dict[str, str] = field(default_factory=dict)
     vector_flops_per_s: float | None = None
     kernel_overhead_s: float = 0.0
+    matrix_efficiency: float = 1.0
+    matrix_half_flops: float = 0.0
+    memory_efficiency: float = 1.0
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -73,6 +81,18 @@ class HardwareSpec:
 
     def vector_flops_for(self, element: str) -> float:
         return self.vector_flops_per_s or self.matrix_flops_for(element)
+
+    def matmul_seconds(self, flops: float, element: str) -> float:
+        """One matmul/convolution of `flops` on `element`: the achievable rate reached by a
+        GEMM of this size, `rate * f / (f + half)`, i.e. `(f + half) / rate`."""
+        if flops <= 0:
+            return 0.0
+        rate = self.matrix_flops_for(element) * self.matrix_efficiency
+        return (flops + self.matrix_half_flops) / rate
+
+    def memory_seconds(self, nbytes: float) -> float:
+        """Reading and writing `nbytes` at the achievable memory bandwidth."""
+        return nbytes / (self.memory_bandwidth_bytes_per_s * self.memory_efficiency)
 
     def link_for_axes(self, axes) -> LinkClass:
         """The link a collective over `axes` is limited by: the slowest of the axes' links."""

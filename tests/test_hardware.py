@@ -67,3 +67,28 @@ def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
     spec = kernel.hardware_specs()["host-cpu"]
     assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])
     assert "measured" in spec.notes
+
+
+def test_gemm_fit_recovers_rate_and_half_size():
+    rate, half = 300e12, 2e9
+    flops = [2.0 * n**3 for n in (256, 512, 1024, 2048, 4096)]
+    r, h = calibrate.fit_gemm(flops, [(f + half) / rate for f in flops])
+    assert r == pytest.approx(rate, rel=1e-6) and h == pytest.approx(half, rel=1e-4)
+
+
+def test_accelerator_calibration_measures_the_cost_structure():
+    """The --accelerator path run on a CPU device (no GPU here): a calibrated copy of the
+    datasheet spec with measured rates, bandwidth and overhead, which the simulator takes."""
+    assert calibrate.base_spec_for("NVIDIA H100 80GB HBM3").name == "h100-sxm"
+    assert calibrate.base_spec_for("TPU v3").name == "tpu-v3"
+    with pytest.raises(SystemExit, match="--base"):
+        calibrate.base_spec_for("Some New GPU")
+    base = calibrate.base_spec_for("anything", "h100-sxm")
+    data = calibrate.measure_accelerator(1.0, jax.devices()[0], base)
+    spec = HardwareSpec.from_dict(data)
+    assert spec.name == "h100-sxm-calibrated" and spec.links == base.links
+    assert 0 < spec.flops_per_s["f32"] < base.flops_per_s["f32"]
+    assert spec.memory_bandwidth_bytes_per_s > 0 and spec.kernel_overhead_s >= 0
+    assert spec.matrix_efficiency == 1.0 and spec.matrix_half_flops >= 0
+    assert set(data["measurements"]["gemm_seconds"]) == {"f32", "bf16"}
+    assert spec.matmul_seconds(2e9, "f32") > 2e9 / spec.flops_per_s["f32"] * 0.999

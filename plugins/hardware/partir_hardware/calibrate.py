@@ -1,4 +1,5 @@
-"""`partir calibrate`: measure one virtual CPU device of this host and save the host-cpu spec.
+"""`partir calibrate`: measure one virtual CPU device of this host and save the host-cpu spec;
+with `--accelerator`, measure one GPU/TPU and save a calibrated copy of its datasheet spec.
 
 Every measurement runs on all N virtual devices at once (a `shard_map` over an N-device mesh),
 because that is how a partitioned program runs here: the devices share the host's cores and
@@ -9,6 +10,12 @@ memory bus, so a device's figure is what it gets while the others are busy too.
 - collectives: `psum` of a tiny and of a large array, fitted to the ring model
   t = 2(k-1) * latency + 2(k-1)/k * N / bandwidth after subtracting a no-communication run;
 - kernel overhead: a chain of tiny dependent matmuls, per link of the chain.
+
+On an accelerator (`--accelerator`, one device) it measures the GPU cost structure the
+simulator uses (`docs/simulator.md`): GEMMs at several sizes fitted to t = (f + half) / rate
+(the large-GEMM rate and the size at half of it), a streaming kernel's bandwidth, and the time
+per kernel of a chain of tiny kernels. Links cannot be measured on one device: they stay the
+datasheet spec's.
 """
 
 from __future__ import annotations
@@ -37,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"virtual CPU devices to measure across (default {DEFAULT_DEVICES})")
     parser.add_argument("--output", type=Path, default=None,
                         help="where to save (default $PARTIR_CALIBRATION_FILE or "
-                             "~/.cache/partir_plugin/host_cpu.json)")
+                             "~/.cache/partir_plugin/host_cpu.json; with --accelerator "
+                             "~/.cache/partir_plugin/<spec>-calibrated.json)")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="measure jax's default device (a GPU or TPU) instead of the host")
+    parser.add_argument("--base", default=None,
+                        help="with --accelerator: the datasheet spec to calibrate (default: "
+                             "from the device kind, e.g. 'H100' -> h100-sxm)")
 
 
 def _set_device_flag(devices: int) -> None:
@@ -59,6 +72,8 @@ def _backends_initialised() -> bool:
 def run(args: argparse.Namespace) -> int:
     """Measure, save and print. A process whose jax already has fewer CPU devices than asked
     (a test session, a notebook) measures in a fresh interpreter instead."""
+    if getattr(args, "accelerator", False):
+        return run_accelerator(args)
     output = Path(args.output) if args.output else calibration_path()
     if not _backends_initialised():
         _set_device_flag(args.devices)
@@ -186,3 +201,121 @@ def measure(budget_s: float, devices: int) -> dict:
     }
     return data
 
+
+
+# ----------------------------------------------------------------------------- accelerators
+
+_KINDS = (("h100", "h100-sxm"), ("h200", "h200-sxm"), ("a100", "a100-40gb"), ("v3", "tpu-v3"))
+
+
+def base_spec_for(device_kind: str, base: str | None = None) -> HardwareSpec:
+    """The datasheet spec a device is calibrated from: `base` by name, else by device kind."""
+    from .specs import DATASHEET_SPECS
+
+    by_name = {s.name: s for s in DATASHEET_SPECS}
+    if base is None:
+        kind = device_kind.lower()
+        base = next((name for key, name in _KINDS if key in kind), None)
+        if base is None:
+            raise SystemExit(f"no datasheet spec for device kind {device_kind!r}; pass --base "
+                             f"(one of {sorted(by_name)})")
+    if base not in by_name:
+        raise SystemExit(f"unknown --base {base!r}; known: {sorted(by_name)}")
+    return by_name[base]
+
+
+def fit_gemm(flops: list[float], seconds: list[float]) -> tuple[float, float]:
+    """(rate, half): least squares of t = (f + half) / rate over the measured GEMMs; the rate a
+    large GEMM reaches and the size (flops) at which a GEMM reaches half of it."""
+    import numpy as np
+
+    slope, intercept = np.polyfit(np.asarray(flops), np.asarray(seconds), 1)
+    rate = 1.0 / slope if slope > 0 else max(f / t for f, t in zip(flops, seconds))
+    return float(rate), float(max(intercept, 0.0) * rate)
+
+
+def measure_accelerator(budget_s: float, device, base: HardwareSpec) -> dict:
+    """Measure `device` (one accelerator): the spec `base` with its GEMM rates, GEMM half size,
+    achievable bandwidth and kernel overhead replaced by measured values."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    start = time.perf_counter()
+    quick = budget_s < 5
+    share = budget_s / 5
+
+    def put(shape, dtype):
+        return jax.device_put(jnp.ones(shape, dtype), device)
+
+    matmul = jax.jit(lambda a, b: a @ b)
+    sizes = (128, 256, 512) if quick else (256, 512, 1024, 2048, 4096)
+    rates: dict[str, float] = {}
+    gemms: dict[str, list[tuple[int, float]]] = {}
+    half = 0.0
+    for element, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16)):
+        times = [(n, _best_time(matmul, put((n, n), dtype), put((n, n), dtype),
+                                budget_s=share / len(sizes))) for n in sizes]
+        gemms[element] = times
+        rate, h = fit_gemm([2.0 * n**3 for n, _ in times], [t for _, t in times])
+        rates[element] = rate
+        if element == "f32":
+            half = h
+
+    elems = (4 if quick else 64) * 2**20
+    x = put((elems,), jnp.float32)
+    stream = jax.jit(lambda v: v * 1.0001 + 1.0)
+    bandwidth = 2.0 * 4 * elems / _best_time(stream, x, budget_s=share)
+
+    chain = 64
+
+    def chained(v, n):
+        y = v
+        for _ in range(n):
+            y = jnp.tanh(y @ v)  # a matmul per link: nothing fuses across links
+        return y
+
+    tiny = put((8, 8), jnp.float32)
+    t_long = _best_time(jax.jit(lambda v: chained(v, chain)), tiny, budget_s=share / 2)
+    t_short = _best_time(jax.jit(lambda v: chained(v, 1)), tiny, budget_s=share / 2)
+    overhead = max(t_long - t_short, 0.0) / (chain - 1)
+
+    flops = {**base.flops_per_s, **rates}
+    spec = dataclasses.replace(
+        base, name=f"{base.name}-calibrated", aliases=(), flops_per_s=flops,
+        matrix_efficiency=1.0, matrix_half_flops=half,
+        memory_bandwidth_bytes_per_s=bandwidth, memory_efficiency=1.0,
+        kernel_overhead_s=overhead,
+        notes=f"{base.name} calibrated by `partir calibrate --accelerator` on "
+              f"{device.device_kind} (jax {jax.__version__}): measured GEMM rates, GEMM half "
+              f"size, bandwidth and kernel overhead; links from the datasheet spec")
+    data = spec.to_dict()
+    data["measurements"] = {
+        "device_kind": device.device_kind, "platform": device.platform, "quick": quick,
+        "gemm_seconds": {el: {str(n): t for n, t in ts} for el, ts in gemms.items()},
+        "stream_bytes": 8 * elems, "chain_long_s": t_long, "chain_short_s": t_short,
+        "seconds": round(time.perf_counter() - start, 3), "jax": jax.__version__,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    return data
+
+
+def run_accelerator(args: argparse.Namespace) -> int:
+    """`partir calibrate --accelerator`: measure jax's default device, save and print."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform == "cpu" and not os.environ.get("PARTIR_CALIBRATE_ALLOW_CPU"):
+        raise SystemExit("--accelerator needs a GPU or TPU; jax's default device is a CPU "
+                         "(for the host, run `partir calibrate` without --accelerator)")
+    base = base_spec_for(device.device_kind, args.base)
+    data = measure_accelerator(args.budget, device, base)
+    output = (Path(args.output) if args.output else
+              calibration_path().parent / f"{data['name']}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data, indent=2))
+    print(f"saved to {output}; use it with partir.jit(..., hardware="
+          f"HardwareSpec.from_dict(json.load(open({str(output)!r}))))", file=sys.stderr)
+    return 0

@@ -5,6 +5,15 @@ are read as GiB because HBM stacks are binary-sized. NVIDIA quotes NVLink bandwi
 bidirectional total; a ring sends in one direction, so links carry half of it. Latencies are not
 on datasheets: the values below (about 1 us per NVLink/ICI ring step, 5 us across InfiniBand) are
 order-of-magnitude assumptions, visible only for small collectives.
+
+GPU cost structure (`kernel_overhead_s`, `matrix_efficiency`, `matrix_half_flops`,
+`memory_efficiency`): datasheet peaks alone made every H100 step estimate optimistic, by 8x on
+small steps. The four constants below were fitted on 2026-11-23 to jax.jit step times of the
+repository's transformer train step on one H100 SXM (jax 0.11.2, CUDA 13, f32 with jax's
+default TF32 matmuls; four configs from 12 GFLOP to 12 TFLOP per step,
+`tests/data/h100_transformer_step_times.json`): all four within 2%, and each within 0.95-1.10
+when left out of the fit (docs/simulator.md).
+`partir calibrate --accelerator` measures them on the present device.
 """
 
 from __future__ import annotations
@@ -12,6 +21,13 @@ from __future__ import annotations
 from partir_plugin.extend import HardwareSpec, LinkClass
 
 GiB = 2**30
+
+# Fitted on one H100 SXM, 2026-11-23, jax 0.11.2 (see the module docstring): the time XLA's GPU
+# runtime spends per kernel (launch, thunk dispatch, the gap before the next), the fraction of
+# the dense TF32/BF16 peak large GEMMs reach, the GEMM size at half that rate (the fit is
+# flat in it between 0 and 1e9 flops: a mid value), and the achievable HBM bandwidth fraction.
+H100_FIT = {"kernel_overhead_s": 5.5e-6, "matrix_efficiency": 0.725,
+            "matrix_half_flops": 2e8, "memory_efficiency": 0.75}
 
 TPU_V3 = HardwareSpec(
     name="tpu-v3",
@@ -42,7 +58,11 @@ A100_40GB = HardwareSpec(
     links={"nvlink": LinkClass("nvlink", 300e9, 1e-6),
            "network": LinkClass("network", 25e9, 5e-6)},
     default_link="nvlink",
-    notes="NVIDIA A100 40GB SXM datasheet; PartIR appendix A.2",
+    # Not measured on an A100: the H100 fit's structure (same CUDA runtime, same kind of
+    # tensor-core GEMMs and HBM), an assumption until `partir calibrate` runs on one.
+    **H100_FIT,
+    notes="NVIDIA A100 40GB SXM datasheet; PartIR appendix A.2; GPU cost structure assumed "
+          "from the H100 fit",
 )
 
 H100_SXM = HardwareSpec(
@@ -60,7 +80,9 @@ H100_SXM = HardwareSpec(
     links={"nvlink": LinkClass("nvlink", 450e9, 1e-6),
            "network": LinkClass("network", 50e9, 5e-6)},
     default_link="nvlink",
-    notes="NVIDIA H100 SXM5 80GB datasheet",
+    **H100_FIT,
+    notes="NVIDIA H100 SXM5 80GB datasheet; GPU cost structure fitted to measured step times "
+          "(2026-11-23, jax 0.11.2)",
 )
 
 H200_SXM = HardwareSpec(
@@ -75,7 +97,9 @@ H200_SXM = HardwareSpec(
     links={"nvlink": LinkClass("nvlink", 450e9, 1e-6),
            "network": LinkClass("network", 50e9, 5e-6)},
     default_link="nvlink",
-    notes="NVIDIA H200 SXM 141GB datasheet",
+    # The H100's compute and CUDA runtime: its fit, with the H200's own HBM bandwidth.
+    **H100_FIT,
+    notes="NVIDIA H200 SXM 141GB datasheet; GPU cost structure from the H100 fit",
 )
 
 DATASHEET_SPECS = (TPU_V3, A100_40GB, H100_SXM, H200_SXM)

@@ -3,7 +3,9 @@
 The device-local program is cut into kernels the way a fusing backend would: an elementwise or
 data-movement op whose every user can absorb it (another such op or a reduction) is fused into
 its users, so its result is never materialised; every other op is a kernel root. A kernel takes
-max(flops / peak, bytes / memory bandwidth) (+ the spec's per-kernel overhead); a collective takes
+max(compute, memory) + the spec's per-kernel overhead, with matmuls at the rate a GEMM of their
+size reaches and memory at the achievable bandwidth (`HardwareSpec.matmul_seconds`,
+`memory_seconds`); a collective takes
 its ring time on the link of its mesh axes. Kernels run in program order on a compute stream and
 a communication stream; without overlap the two are one stream.
 
@@ -170,11 +172,11 @@ class _Analyser:
             cost.transcendentals += trans
             element = opcost.compute_element(op)
             if opcost.is_matrix_op(op):
-                compute += flops / self.hw.matrix_flops_for(element)
+                compute += self.hw.matmul_seconds(flops, element)
             else:
                 work = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
                 compute += work / self.hw.vector_flops_for(element)
-        memory = moved / self.hw.memory_bandwidth_bytes_per_s
+        memory = self.hw.memory_seconds(moved)
         duration = max(compute, memory) + self.hw.kernel_overhead_s
         cost.bytes += moved
         cost.kernels += 1
