@@ -99,7 +99,7 @@ def _import(module: str) -> Any:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         raise Skip(f"skipped: not installed ({e.name})") from None
-    except Exception as e:  # noqa: BLE001 - an incompatible install fails in many ways
+    except Exception as e:  # an incompatible install fails in many ways
         raise Skip(f"skipped: `import {module}` failed: {type(e).__name__}: {e}") from None
 
 
@@ -323,8 +323,8 @@ def keras() -> Program:
 
 
 def torchax() -> Program:
-    """A ``torch.nn.Module`` run functionally by torchax: its ``state_dict`` moved to JAX
-    arrays, the forward a ``torch.func.functional_call`` wrapped with ``torchax.interop.jax_view``."""
+    """A ``torch.nn.Module`` run functionally by torchax: its ``state_dict`` as JAX arrays,
+    the forward a ``torch.func.functional_call`` wrapped by ``torchax.interop.jax_view``."""
     torch = _import("torch")
     tx = _import("torchax")
     interop = _import("torchax.interop")
@@ -484,7 +484,7 @@ def check(frontend: str, program: Program, schedule: Schedule,
         call = jax.jit(lambda *a: step(*a)) if schedule.in_user_jit else step
         outputs = run_steps(call, program)
         row.collectives = fmt_collectives(meta.tactics[-1].collectives)
-    except Exception as e:  # noqa: BLE001 - the table reports every failure
+    except Exception as e:  # the table reports every failure
         row.note = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         traceback.print_exc()
         return row
@@ -493,6 +493,9 @@ def check(frontend: str, program: Program, schedule: Schedule,
     row.params_diff = rel_diff(outputs[-1][0], reference[-1][0])
     ok = (row.loss_diff <= LOSS_TOL and row.grads_diff <= TREE_TOL
           and row.params_diff <= TREE_TOL)
+    devices = len(outputs[-1][2].sharding.device_set)
+    if devices != jax.device_count():  # guard against a silent unpartitioned fallback
+        ok, row.note = False, f"the loss lives on {devices} devices, not the whole mesh"
     row.status = "OK" if ok else "FAIL"
     return row
 
@@ -504,7 +507,7 @@ def check_frontend(frontend: str, make: Callable[[], Program]) -> list[Row]:
         reference = run_steps(jax.jit(program.train_step), program)
     except Skip as e:
         return [Row(frontend, "-", status="SKIP", note=str(e))]
-    except Exception as e:  # noqa: BLE001 - a broken model is a failure of this script
+    except Exception as e:  # a broken model is a failure of this script
         traceback.print_exc()
         return [Row(frontend, "-", note=f"building the model: {type(e).__name__}: {e}")]
     return [check(frontend, program, schedule, reference) for schedule in schedules(program)]
@@ -538,7 +541,8 @@ def main(argv: Sequence[str] = ()) -> int:
           f"(loss <= {LOSS_TOL:g}; grads, params <= {TREE_TOL:g})")
     print(table(rows))
     failed = [r for r in rows if r.status == "FAIL"]
-    print(f"\n{len(rows) - len(failed)} passed, {len(failed)} failed"
+    passed = sum(r.status == "OK" for r in rows)
+    print(f"\n{passed} passed, {len(failed)} failed, {len(rows) - passed - len(failed)} skipped"
           + "".join(f"\n  FAIL {r.frontend} / {r.schedule}: {r.note}" for r in failed))
     return 1 if failed else 0
 
