@@ -16,10 +16,10 @@ from .core.propagation import propagate
 from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry, default_registry
 from .errors import PartitionError
-from .ir.graph import Func
+from .ir.graph import Func, gc_paused
 from .ir.importer import import_lowered
 from .metadata import TacticReport
-from .spmd.lowering import SpmdProgram, lower_to_spmd
+from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 
 
 def key_path_str(path) -> str:
@@ -90,8 +90,10 @@ class Partitioned:
     reports: list[TacticReport]
 
 
-def estimate(program: SpmdProgram, hardware) -> tuple[float | None, int | None, float | None]:
-    """(runtime s, peak bytes, flops) from the simulator plugin, or Nones if none is installed."""
+def estimate(program: SpmdProgram, hardware, memo: dict | None = None
+             ) -> tuple[float | None, int | None, float | None]:
+    """(runtime s, peak bytes, flops) from the simulator plugin, or Nones if none is installed.
+    `memo` carries the simulator's per-op work from one tactic's program to the next."""
     from .kernel import simulators
 
     sims = simulators()
@@ -99,17 +101,29 @@ def estimate(program: SpmdProgram, hardware) -> tuple[float | None, int | None, 
         return None, None, None
     from .simulation import simulate
 
-    result = simulate(program.func, program.mesh, hardware)
+    options = {"memo": memo} if memo is not None else {}
+    result = simulate(program.func, program.mesh, hardware, **options)
     return result.runtime_s, result.peak_memory_bytes, result.flops
 
 
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
                    registry: TileMappingRegistry | None = None,
                    arg_names: list[str] | None = None) -> Partitioned:
-    """Apply each tactic then `propagate`; after each, lower and record a TacticReport."""
+    """Apply each tactic then `propagate`; after each, lower and record a TacticReport.
+
+    Each lowering reuses the device-local code of the previous one wherever the tactic left
+    the distributed types unchanged (`LoweringCache`), so a tactic costs in proportion to
+    what it changed, not to the program."""
+    with gc_paused():
+        return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names)
+
+
+def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names
+                    ) -> Partitioned:
     state = PartitionState(func, mesh, registry or default_registry())
     reports = []
     program = None
+    cache, memo = LoweringCache(), {}
     for tactic in schedule:
         if hasattr(tactic, "reserve"):
             tactic.reserve(state)
@@ -122,8 +136,8 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
             tactic.apply(ctx)
             name = tactic.name
         ctx.propagate()
-        program = lower_to_spmd(state)
-        runtime, peak, flops = estimate(program, hardware)
+        program = lower_to_spmd(state, cache)
+        runtime, peak, flops = estimate(program, hardware, memo)
         reports.append(TacticReport(name, dict(program.counts), runtime, peak, flops,
                                     [str(c) for c in state.conflicts],
                                     dict(state.unsupported), ctx.actions))

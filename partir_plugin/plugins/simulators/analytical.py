@@ -21,6 +21,7 @@ expensive branch.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import math
@@ -147,8 +148,12 @@ def trip_count(op: Op) -> int | None:
 
 
 class _Analyser:
-    def __init__(self, mesh: Mesh, hardware, overlap: bool, fusion: bool):
+    def __init__(self, mesh: Mesh, hardware, overlap: bool, fusion: bool,
+                 memo: dict | None = None):
         self.mesh = mesh
+        # Per-op work, kept across simulations of programs that share ops (the lowering after
+        # each tactic reuses the device-local ops of what the tactic did not change).
+        self.memo = memo if memo is not None else {}
         self.hw = hardware
         self.overlap = overlap
         self.fusion = fusion
@@ -261,13 +266,16 @@ class _Analyser:
             if op in claimed:  # a producer duplicated into several kernels is charged once
                 continue
             claimed.add(op)
-            flops, trans, known = opcost.op_work(op)
+            work = self.memo.get(op)
+            if work is None:
+                work = self.memo[op] = (*opcost.op_work(op), opcost.compute_element(op),
+                                        opcost.is_matrix_op(op))
+            flops, trans, known, element, matrix = work
             if not known:
                 cost.unknown_ops.add(op.name)
             cost.flops += flops
             cost.transcendentals += trans
-            element = opcost.compute_element(op)
-            if opcost.is_matrix_op(op):
+            if matrix:
                 compute += flops / self.hw.matrix_flops_for(element)
             else:
                 work = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
@@ -473,13 +481,24 @@ def _share_output_allocations(buffers: list[list[int]], outputs: list[list[int]]
     [size, first write].
     """
     allocs = sorted(((size, start) for size, start in outputs), key=lambda a: (-a[0], a[1]))
-    occupied = [[(start, end)] for _, start in allocs]
+    # Each allocation's occupants: disjoint live ranges, kept sorted (starts, ends), so whether
+    # a buffer overlaps one is a binary search (checking every occupant of every allocation
+    # for every buffer grew with the square of a train step's parameters). Only allocations
+    # at least as large (a prefix of `allocs`) whose output is first written after the buffer
+    # dies (the output occupies its allocation from then to the end) can take it.
+    occupied = [([start], [end]) for _, start in allocs]
+    sizes = [-size for size, _ in allocs]
     rest = []
     for b in sorted(buffers, key=lambda b: (-b[0], b[1])):
         size, first, last = b
-        for i in range(len(allocs) - 1, -1, -1):  # smallest (latest created) first
-            if allocs[i][0] >= size and all(last < s or first > e for s, e in occupied[i]):
-                occupied[i].append((first, last))
+        for i in range(bisect.bisect_right(sizes, -size) - 1, -1, -1):  # smallest first
+            if last >= allocs[i][1]:
+                continue  # the output is written before b dies
+            starts, ends = occupied[i]
+            j = bisect.bisect_right(starts, last)  # occupants starting before b ends
+            if j == 0 or ends[j - 1] < first:  # ... and the last of them ends before b starts
+                starts.insert(j, first)
+                ends.insert(j, last)
                 break
         else:
             rest.append(b)
@@ -538,15 +557,18 @@ def _memory_order(kernels: list[_Kernel], reads: list[list[Value]], produced: di
 
 
 def simulate(func: Func, mesh: Mesh, hardware, *, overlap: bool = False,
-             donated_args: Sequence[int] = (), fusion: bool = True) -> SimulationResult:
+             donated_args: Sequence[int] = (), fusion: bool = True,
+             memo: dict | None = None) -> SimulationResult:
     """Estimate one device's runtime, flops and peak memory for the device-local `func`.
 
     `hardware` is a `HardwareSpec` (or an object with its methods). `donated_args` are argument
     indices whose buffers outputs may reuse (each donated argument aliases the first unaliased
-    output of the same byte size), subtracted as XLA's alias bytes.
+    output of the same byte size), subtracted as XLA's alias bytes. `memo` (a dict the
+    caller keeps) carries per-op work from one simulation to the next.
     """
     mesh = Mesh.of(mesh)
-    cost = _Analyser(mesh, hardware, overlap, fusion).block(func.body, func.returns, top=True)
+    cost = _Analyser(mesh, hardware, overlap, fusion, memo).block(func.body, func.returns,
+                                                                  top=True)
     argument_bytes = sum(_nbytes(a) for a in func.args)
     alias = 0
     free_outputs = [_nbytes(v) for v in dict.fromkeys(func.returns)]
