@@ -37,11 +37,9 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import harness  # noqa: E402,F401  (before jax: 8 CPU devices, repo root on sys.path)
 
-ROOT = harness.ROOT
 COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python "
            "benchmarks/partition_time.py")
 HEADING = "## Partitioning time vs jax.jit's compile"
@@ -272,16 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="end-to-end repetitions per side up to L=16 (2 at L=32, 1 above)")
     parser.add_argument("--scan-layers", type=int, nargs="*", default=[8, 64],
                         help="sizes of the scanned variant (its op count does not grow with L)")
-    parser.add_argument("--no-write", action="store_true", help="do not touch docs/BENCHMARKS.md")
-    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    harness.add_output_args(parser)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-
-    import jax
-
-    if len(jax.devices()) < 8:
-        print("needs 8 devices: run as a script (it sets XLA_FLAGS before jax starts)",
-              file=sys.stderr)
+    if not harness.has_devices(8):
         return 1
     sizes, reps = [], {}
     for scan, layer_sizes in ((False, args.layers), (True, args.scan_layers)):
