@@ -6,7 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts clean
+.PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts \
+	bench-partition-time clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,9 @@ bench-redistribution: $(STAMP)
 
 bench-step-time: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/step_time.py
+
+bench-partition-time: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/partition_time.py
 
 bench-paper-counts: $(STAMP)
 	$(BIN)/python benchmarks/paper_counts.py

@@ -49,3 +49,20 @@ def publish(heading: str, text: str, path: Path = BENCHMARKS_MD, write: bool = T
     if write:
         write_section(heading, text, path)
         print(f"wrote the {heading!r} section of {path}")
+
+
+def add_output_args(parser) -> None:
+    """`--no-write` and `--output`, as every benchmark that writes a section takes them."""
+    parser.add_argument("--no-write", action="store_true", help="do not touch docs/BENCHMARKS.md")
+    parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
+
+
+def has_devices(n: int = 8) -> bool:
+    """Whether jax sees `n` devices; says how to get them when it does not."""
+    import jax
+
+    if len(jax.devices()) >= n:
+        return True
+    print(f"needs {n} devices: run as a script (it sets XLA_FLAGS before jax starts)",
+          file=sys.stderr)
+    return False

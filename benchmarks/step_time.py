@@ -40,7 +40,6 @@ import re
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import harness  # noqa: E402,F401  (before jax: 8 CPU devices, repo root on sys.path)
 
@@ -483,16 +482,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="timed runs per side (default 20)")
     parser.add_argument("--compile-reps", type=int, default=3,
                         help="compilations per side, the minimum is reported (default 3)")
-    parser.add_argument("--no-write", action="store_true", help="do not touch docs/BENCHMARKS.md")
-    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    harness.add_output_args(parser)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
 
     import jax
 
-    if len(jax.devices()) < 8:
-        print("needs 8 devices: run as a script (it sets XLA_FLAGS before jax starts)",
-              file=sys.stderr)
+    if not harness.has_devices(8):
         return 1
     # Auto axes: the peer is jax.jit with NamedShardings as GSPMD/Shardy users write it (on
     # Explicit axes jax's sharding-in-types rejects the transformer's embedding gather).

@@ -15,7 +15,8 @@ What is here, by the hook that needs it:
   `TensorType`), and the rule helpers the built-in rules share (`entries_from_shardy`,
   `splat_value`, `lookup_dim`).
 - `partir_add_searchers`: `Budget`, `SearchResult`, `PartitionState` (copy, `tile_value`,
-  `can_tile`), `propagate`, `lower_to_spmd` (-> `SpmdProgram`), `simulate`,
+  `can_tile`), `propagate`, `lower_to_spmd` (-> `SpmdProgram`; a `LoweringCache` reuses the
+  device-local code of states that share it), `simulate`,
   `resolve_hardware`, `resolve_simulator`.
 - `partir_add_hardware`: `HardwareSpec`, `LinkClass`.
 - `partir_add_simulators`: the device-local program (`Func`, `Block`, `Op`, `Value`,
@@ -49,12 +50,13 @@ from .simulation import (
     simulate,
 )
 from .spmd.collectives import Collective, collective_axes, collective_kind
-from .spmd.lowering import SpmdProgram, lower_to_spmd
+from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 
 __all__ = [
     "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective",
-    "CollectiveCost", "Func", "HardwareSpec", "Leaf", "LinkClass", "ManualPartition", "Mesh",
+    "CollectiveCost", "Func", "HardwareSpec", "Leaf", "LinkClass", "LoweringCache",
+    "ManualPartition", "Mesh",
     "Op", "Override", "PartitionError", "PartitionState", "PluginError", "Region",
     "SearchResult", "SimulationResult", "Simulator", "SpmdProgram", "Sum", "TMREntry",
     "TacticContext", "TensorType", "TileMappingRegistry", "UnknownNameError", "Value",

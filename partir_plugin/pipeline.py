@@ -16,11 +16,11 @@ from .core.propagation import propagate
 from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry
 from .errors import PartitionError, UnknownNameError
-from .ir.graph import Func
+from .ir.graph import Func, gc_paused
 from .ir.importer import import_lowered
 from .metadata import TacticReport
 from .simulation import HardwareSpec
-from .spmd.lowering import SpmdProgram, lower_to_spmd
+from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 
 
 def key_path_str(path) -> str:
@@ -92,11 +92,12 @@ class Partitioned:
     reports: list[TacticReport]
 
 
-def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None
+def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: dict | None = None
              ) -> tuple[float | None, int | None, float | None]:
     """(runtime s, peak bytes, flops) from the default simulator plugin on `hardware` (None:
     the default spec the hardware plugins name), or Nones when no simulator, or no default
-    spec, is installed."""
+    spec, is installed. `memo` carries the simulator's per-op work from one tactic's program
+    to the next."""
     from .kernel import default_simulator_name
     from .simulation import resolve_hardware, simulate
 
@@ -108,14 +109,15 @@ def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None
         if hardware is None:  # no hardware plugin offers a default: no estimates
             return None, None, None
         raise
-    result = simulate(program.func, program.mesh, spec)
+    options = {"memo": memo} if memo is not None else {}
+    result = simulate(program.func, program.mesh, spec, **options)
     return result.runtime_s, result.peak_memory_bytes, result.flops
 
 
 def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardware,
-                  actions: list[str] | None = None) -> TacticReport:
+                  actions: list[str] | None = None, memo: dict | None = None) -> TacticReport:
     """The report row for the program as it stands (the one place rows are assembled)."""
-    runtime, peak, flops = estimate(program, hardware)
+    runtime, peak, flops = estimate(program, hardware, memo)
     return TacticReport(name, dict(program.counts), runtime, peak, flops,
                         [str(c) for c in state.conflicts], dict(state.unsupported),
                         list(actions or []))
@@ -124,12 +126,23 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
                    registry: TileMappingRegistry | None = None,
                    arg_names: list[str] | None = None) -> Partitioned:
-    """Apply each tactic then `propagate`; after each, lower and record a TacticReport."""
+    """Apply each tactic then `propagate`; after each, lower and record a TacticReport.
+
+    Each lowering reuses the device-local code of the previous one wherever the tactic left
+    the distributed types unchanged (`LoweringCache`), so a tactic costs in proportion to
+    what it changed, not to the program."""
+    with gc_paused():
+        return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names)
+
+
+def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names
+                    ) -> Partitioned:
     from .kernel import default_registry
 
     state = PartitionState(func, mesh, registry or default_registry())
     reports = []
     program = None
+    cache, memo = LoweringCache(), {}
     for tactic in schedule:
         if hasattr(tactic, "reserve"):
             tactic.reserve(state)
@@ -142,8 +155,8 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
             tactic.apply(ctx)
             name = tactic.name
         ctx.propagate()
-        program = lower_to_spmd(state)
-        reports.append(tactic_report(name, program, state, hardware, ctx.actions))
+        program = lower_to_spmd(state, cache)
+        reports.append(tactic_report(name, program, state, hardware, ctx.actions, memo))
     if program is None:  # an empty schedule: the replicated program
         propagate(state)
         program = lower_to_spmd(state)

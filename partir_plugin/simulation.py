@@ -247,13 +247,16 @@ def simulate(func, mesh, hardware: str | HardwareSpec | None, *, overlap: bool =
     `mesh` is a `Mesh`, a dict of axis sizes or a `jax.sharding.Mesh`; `hardware` and
     `simulator` are names registered by plugins or objects (None: the plugins' defaults).
     `overlap` lets communication run alongside independent compute; extra `options` (e.g.
-    `donated_args`) go to the simulator.
+    `donated_args`) go to the simulator. `memo`, a dict the caller keeps across simulations
+    of programs that share ops, is a cache: a simulator without that parameter does without.
     """
     spec = resolve_hardware(hardware)
     sim = resolve_simulator(simulator)
     params = inspect.signature(sim).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = dict(options)
+    if "memo" not in params and not takes_any:
+        kwargs.pop("memo", None)
     if overlap or "overlap" in params or takes_any:
         kwargs["overlap"] = overlap
     unknown = [k for k in kwargs if k not in params and not takes_any]

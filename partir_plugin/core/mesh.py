@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,18 +61,22 @@ class Mesh:
         raise PartitionError(f"axis {axis!r} is not in the mesh (axes: {self.shape})")
 
     def coords(self, replica: int) -> dict[str, int]:
-        return {n: (replica // self.stride(n)) % s for n, s in self.axes}
+        return dict(_coords(self)[replica])
 
     def groups(self, axes: tuple[str, ...]) -> list[list[int]]:
         """Replica groups for a collective over `axes`: devices that differ only in those
         axes, ordered within a group by their coordinates along `axes` (first = major)."""
+        return [list(g) for g in _groups(self, tuple(axes))]
+
+    def _compute_groups(self, axes: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         others = [n for n in self.names if n not in axes]
         groups: dict[tuple, list[tuple[tuple, int]]] = {}
         for r in range(self.size):
             c = self.coords(r)
             key = tuple(c[n] for n in others)
             groups.setdefault(key, []).append((tuple(c[a] for a in axes), r))
-        return [[r for _, r in sorted(members)] for _, members in sorted(groups.items())]
+        return tuple(tuple(r for _, r in sorted(members))
+                     for _, members in sorted(groups.items()))
 
     def product(self, axes) -> int:
         n = 1
@@ -105,3 +110,14 @@ def parse_mesh(text: str) -> dict[str, int]:
     if not mesh:
         raise PartitionError("--mesh: no axes given (expected e.g. batch=4,model=2)")
     return mesh
+
+
+# The lowering asks for the same few groups and coordinates at every collective it emits.
+@functools.lru_cache(maxsize=256)
+def _coords(mesh: Mesh) -> tuple[dict[str, int], ...]:
+    return tuple({n: (r // mesh.stride(n)) % s for n, s in mesh.axes} for r in range(mesh.size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _groups(mesh: Mesh, axes: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    return mesh._compute_groups(axes)

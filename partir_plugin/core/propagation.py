@@ -61,7 +61,7 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
 
 def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     """Try to loop `op` over `axis`; return the values whose tiling changed."""
-    if axis in state.op_axes(op) or op.name in TERMINATORS or op.name in PARTITIONED_REGIONS:
+    if state.in_loop(op, axis) or op.name in TERMINATORS or op.name in PARTITIONED_REGIONS:
         return []  # a while's or case's values are tied to its regions through aliases
     if (op, axis) in state.boundaries:
         return []  # a decided tag: each side keeps its own distribution

@@ -11,6 +11,7 @@ its major factor.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -163,15 +164,28 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         return None
     if op.name == "stablehlo.convolution" and _grouped_convolution(op):
         return []
-    rule = parse_rule(op.rule)
-    if rule is None:
-        return None
     if op.name == "stablehlo.reduce":
         reduction = reduce_kind(op)
     elif op.name == "stablehlo.scatter":
         reduction = scatter_kind(op)
     else:
         reduction = _SUM_OPS.get(op.name)
+    indexed = (frozenset(_indexed_operand_dims(op))
+               if op.name in ("stablehlo.gather", "stablehlo.scatter") else frozenset())
+    entries = _entries_for_signature(op.rule, reduction, indexed)
+    return None if entries is None else list(entries)
+
+
+@functools.lru_cache(maxsize=16384)
+def _entries_for_signature(rule_text: str, reduction: str | None, indexed: frozenset[int]
+                           ) -> tuple[TMREntry, ...] | None:
+    """The entries of every op with this signature: its Shardy rule (which spells out the
+    factor sizes, so the shapes), the reduction its Sum entries perform and, for gather and
+    scatter, the indexed operand dimensions. The L layers of a model repeat a few dozen
+    signatures, so the rule of each is parsed and derived once, not once per op."""
+    rule = parse_rule(rule_text)
+    if rule is None:
+        return None
     entries = []
     for factor, size in rule.sizes.items():
         if factor in rule.blocked or size <= 1:
@@ -198,7 +212,6 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         if all(d is None for d in ins) and not results:
             continue
         entries.append(TMREntry(ins, results, size))
-    if op.name in ("stablehlo.gather", "stablehlo.scatter"):
-        indexed = _indexed_operand_dims(op)
+    if indexed:
         entries = [e for e in entries if e.operands[0] not in indexed]
-    return entries
+    return tuple(entries)

@@ -82,6 +82,10 @@ class PartitionState:
     def op_axes(self, op: Op) -> set[str]:
         return {a for a, _ in self.nest_of(op)}
 
+    def in_loop(self, op: Op, axis: str) -> bool:
+        """Is `op` already inside a loop over `axis`?"""
+        return any(a == axis for a, _ in self.nests.get(op, ()))
+
     def local_extent(self, v: Value, dim: int) -> int:
         """Size of `dim` of `v` after its current tiling."""
         size = v.type.shape[dim]

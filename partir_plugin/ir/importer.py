@@ -8,11 +8,12 @@ ops.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from jaxlib.mlir import ir, passmanager
 
-from .graph import Block, Func, Op, Region, Value, walk
+from .graph import Block, Func, Op, Region, Value, gc_paused, walk
 from .types import TensorType
 
 _RULE_ATTR = "sdy.sharding_rule"
@@ -26,6 +27,11 @@ def make_context() -> ir.Context:
     from jax._src.interpreters import mlir as jax_mlir
 
     return jax_mlir.make_ir_context()
+
+
+def _location_name(location: ir.Location) -> str | None:
+    m = _NAME.match(str(location))
+    return m.group(1) if m else None
 
 
 def _type(t: ir.Type) -> TensorType:
@@ -47,6 +53,13 @@ class _Importer:
                 self.funcs[name] = op
 
         self.tags: dict[str, list[Value]] = {}  # a name may tag several values
+        self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
+
+    def _type(self, t: ir.Type) -> TensorType:
+        tt = self.types.get(t)
+        if tt is None:
+            tt = self.types[t] = _type(t)
+        return tt
 
     def import_func(self, name: str) -> Func:
         fop = self.funcs[name]
@@ -54,7 +67,7 @@ class _Importer:
         body = Block()
         env: dict[ir.Value, Value] = {}
         for a in block.arguments:
-            env[a] = body.add_arg(_type(a.type))
+            env[a] = body.add_arg(self._type(a.type))
         returns = self._import_ops(block, env, body.ops)
         tags = {tag: list(values) for tag, values in self.tags.items()}
         return Func(name=name, body=body, returns=returns, tags=tags)
@@ -74,7 +87,7 @@ class _Importer:
                 # One barrier per value: each stays fenced, and each can be tiled on its own
                 # (a joint barrier would need one TMR entry per combination of dimensions).
                 for r, v in zip(op.results, op.operands):
-                    single = Op(name, [env[v]], [_type(r.type)])
+                    single = Op(name, [env[v]], [self._type(r.type)])
                     out.append(single)
                     env[r] = single.results[0]
                 continue
@@ -106,24 +119,24 @@ class _Importer:
                 for mblock in mregion.blocks:
                     b = Block()
                     for a in mblock.arguments:
-                        env[a] = b.add_arg(_type(a.type))
+                        env[a] = b.add_arg(self._type(a.type))
                     terminator = self._import_ops(mblock, env, b.ops)
                     # Region terminators are kept as explicit ops so the printer can emit them.
                     term_name = mblock.operations[len(mblock.operations) - 1].operation.name
                     b.ops.append(Op(term_name, terminator, []))
                     region.blocks.append(b)
                 regions.append(region)
-            new = Op(name, [env[v] for v in op.operands], [_type(r.type) for r in op.results],
-                     attrs, regions)
+            new = Op(name, [env[v] for v in op.operands],
+                     [self._type(r.type) for r in op.results], attrs, regions)
             new.rule = rule
-            m = _NAME.match(str(op.location))
-            if m:
-                new.location = m.group(1)
-                if name == TAG_OP:
-                    t = _TAG.search(new.location)
-                    if t:
-                        new.results[0].tag = t.group(1)
-                        self.tags.setdefault(t.group(1), []).append(new.results[0])
+            if name == TAG_OP:
+                new.location = _location_name(op.location)
+                t = _TAG.search(new.location or "")
+                if t:
+                    new.results[0].tag = t.group(1)
+                    self.tags.setdefault(t.group(1), []).append(new.results[0])
+            else:  # found when a message needs it (the MLIR context lives as long)
+                new.location = functools.partial(_location_name, op.location)
             if regions:
                 new.captures = _captures(new)
             for r, v in zip(op.results, new.results):
@@ -156,7 +169,7 @@ def _captures(op: Op) -> list[Value]:
 
 def import_stablehlo(source: str | bytes, entry: str = "main") -> Func:
     """Import a StableHLO module (text or bytecode) and return its entry function, inlined."""
-    with make_context():
+    with make_context(), gc_paused():
         module = ir.Module.parse(source)
         pm = passmanager.PassManager.parse(
             "builtin.module(func.func(sdy-populate-op-sharding-rules))")

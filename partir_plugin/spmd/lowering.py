@@ -38,9 +38,17 @@ class SpmdProgram:
     in_layouts: list[Layout]
     out_layouts: list[Layout]
     counts: dict[str, int] = field(default_factory=dict)
+    _printed: tuple | None = field(default=None, repr=False, compare=False)
 
     def text(self) -> str:
-        return print_func(self.func, module_attrs=spmd_module_attrs(self.mesh))
+        """The module's text, printed on first use: tactics' reports need none, and the
+        compile and the metadata ask for the same text (reprinted only if the argument
+        attributes changed in between)."""
+        key = tuple(sorted(self.func.arg_attrs.items()))
+        if self._printed is None or self._printed[0] != key:
+            self._printed = (key, print_func(self.func,
+                                             module_attrs=spmd_module_attrs(self.mesh)))
+        return self._printed[1]
 
 
 def spmd_module_attrs(mesh: Mesh) -> str:
@@ -372,14 +380,62 @@ def _plan_edge(mesh: Mesh, local: TensorType, dims, want):
         return None
 
 
+class LoweringCache:
+    """Device-local code of earlier lowerings of the same function, so that lowering after a
+    tactic re-lowers only the ops whose distributed types the tactic changed (paper 1 §6.1,
+    made incremental).
+
+    An op's device-local code (its segment: the op with local shapes, plus the code around it
+    that the lowering adds, e.g. an iota's offset) depends only on the op, its loop nest and
+    the layouts of what it reads; a conversion's collectives only on the value and its two
+    layouts. Both are cached under exactly that key. On a hit the segment is reused as it is,
+    the same IR objects, re-pointed at this lowering's inputs where those were re-lowered (they
+    have the same local types, since the layouts match). A segment is reused only if every
+    other value it reads is defined in the program being built (the emitter shares helpers
+    such as the device index between segments); otherwise it is lowered afresh.
+
+    Reusing objects means a program lowered with a cache is only valid until the next lowering
+    with the same cache: `apply_schedule` keeps the last program, a searcher simulates each
+    program before it lowers the next.
+    """
+
+    MAX_ENTRIES = 1 << 20  # a long search drops what it cached and starts again
+
+    def __init__(self):
+        self.args: dict[tuple[Value, Layout], Value] = {}
+        self.wanted: dict[tuple, list[Layout]] = {}  # (op, nest) -> layouts its inputs need
+        self.ops: dict[tuple, _Segment] = {}  # (op, nest, forwarded sums) -> its code
+        self.conversions: dict[tuple[Value, Layout, Layout], _Segment] = {}
+
+    def trim(self) -> None:
+        if len(self.ops) + len(self.conversions) > self.MAX_ENTRIES:
+            self.args.clear()
+            self.wanted.clear()
+            self.ops.clear()
+            self.conversions.clear()
+
+
+@dataclass
+class _Segment:
+    """Cached device-local code: `ops` read `inputs` and define `outputs`."""
+
+    ops: list[Op]
+    inputs: list[Value]
+    outputs: list
+
+
 class _Lowering:
-    def __init__(self, state: PartitionState):
+    def __init__(self, state: PartitionState, cache: LoweringCache | None = None):
         self.state = state
         self.mesh = state.mesh
         self.body = Block()
         self.em = _Emitter(self.mesh, self.body)
         self.local: dict[Value, tuple[Value, Layout]] = {}
         self.converted: dict[tuple[Value, Layout], Value] = {}
+        self.cache = cache
+        self.top = True  # lowering top-level ops (segments are cached only there)
+        self.defined: set[Value] = set()  # local values the top-level block defines so far
+        self._swept = 0
 
     def declared(self, v: Value) -> Layout:
         return Layout.from_tiles(v.type.rank, self.state.tiles_of(v))
@@ -388,8 +444,49 @@ class _Lowering:
         x, have = self.local[v]
         key = (v, want)
         if key not in self.converted:
-            self.converted[key] = convert(self.em, x, have, want)
+            self.converted[key] = self._convert(v, x, have, want)
         return self.converted[key]
+
+    def _convert(self, v: Value, x: Value, have: Layout, want: Layout) -> Value:
+        if have == want or not x.type.is_tensor:
+            return x
+        caching = self.cache is not None and self.top
+        if caching:
+            hit = self.cache.conversions.get((v, have, want))
+            if hit is not None and self._reuse(hit, [x]):
+                return hit.outputs[0]
+        start = len(self.em.block.ops)
+        y = convert(self.em, x, have, want)
+        if caching:
+            self.cache.conversions[(v, have, want)] = _Segment(self.em.block.ops[start:], [x],
+                                                               [y])
+        return y
+
+    def _sweep(self) -> None:
+        """Record the local values defined by top-level ops appended since the last sweep."""
+        ops = self.body.ops
+        for op in ops[self._swept:]:
+            self.defined.update(op.results)
+        self._swept = len(ops)
+
+    def _reuse(self, segment: _Segment, inputs: list[Value]) -> bool:
+        """Append a cached segment, re-pointed from the inputs it was lowered with to
+        `inputs`, if every other value it reads is defined here."""
+        self._sweep()
+        moved = {old: new for old, new in zip(segment.inputs, inputs) if old is not new}
+        inside: set[Value] = set()
+        for op in segment.ops:
+            for v in op.operands:
+                if v not in moved and v not in self.defined and v not in inside:
+                    return False
+            inside.update(op.results)
+        if moved:
+            for op in segment.ops:
+                op.operands = [moved.get(v, v) for v in op.operands]
+            segment.inputs = list(inputs)
+        self.body.ops.extend(segment.ops)
+        self._sweep()
+        return True
 
     def run(self) -> SpmdProgram:
         func = self.state.func
@@ -397,7 +494,15 @@ class _Lowering:
         for a in func.args:
             layout = self.declared(a)
             in_layouts.append(layout)
-            self.local[a] = (self.body.add_arg(layout.local_type(a.type, self.mesh)), layout)
+            local = self.cache.args.get((a, layout)) if self.cache is not None else None
+            if local is None:
+                local = self.body.add_arg(layout.local_type(a.type, self.mesh))
+                if self.cache is not None:
+                    self.cache.args[(a, layout)] = local
+            else:
+                self.body.args.append(local)
+            self.local[a] = (local, layout)
+        self.defined.update(self.body.args)
         for op in func.ops:
             self.lower_op(op)
         out_layouts, returns = [], []
@@ -405,6 +510,8 @@ class _Lowering:
             layout = self.declared(v)
             out_layouts.append(layout)
             returns.append(self.use(v, layout))
+        if self.cache is not None:
+            self.cache.trim()
         local = Func(func.name, self.body, returns, list(func.arg_names))
         return SpmdProgram(local, self.mesh, in_layouts, out_layouts,
                            count_collectives(walk(self.body.ops)))
@@ -420,16 +527,29 @@ class _Lowering:
             layout = self.declared(tagged)
             self.local[tagged] = (self.use(op.operands[0], layout), layout)
             return
-        nest = self.state.nest_of(op)
-        wanted = []
-        for i, v in enumerate(op.inputs):
-            tiles = [(a, e.operands[i]) for a, e in nest if e.operands[i] is not None]
-            wanted.append(Layout.from_tiles(v.type.rank, tiles))
+        nest = tuple(self.state.nest_of(op))
+        wanted = self.cache.wanted.get((op, nest)) if self.cache is not None else None
+        if wanted is None:
+            wanted = []
+            for i, v in enumerate(op.inputs):
+                tiles = [(a, e.operands[i]) for a, e in nest if e.operands[i] is not None]
+                wanted.append(Layout.from_tiles(v.type.rank, tiles))
+            if self.cache is not None:
+                self.cache.wanted[(op, nest)] = wanted
         forwarded = self._forwarded_sum(op, wanted)
         if forwarded:
             inputs = [self.local[v][0] for v in op.inputs]
         else:
             inputs = [self.use(v, lay) for v, lay in zip(op.inputs, wanted)]
+        caching = self.cache is not None and self.top and not op.captures
+        if caching:
+            key = (op, nest, forwarded)
+            hit = self.cache.ops.get(key)
+            if hit is not None and self._reuse(hit, inputs):
+                for r, local in zip(op.results, hit.outputs):
+                    self.local[r] = local
+                return
+            start = len(self.body.ops)
         produced = []
         for j, r in enumerate(op.results):
             tiles = [(a, e.results[j]) for a, e in nest if not isinstance(e.results[j], Sum)]
@@ -456,6 +576,9 @@ class _Lowering:
             results = [self._offset_iota(op, new.results[0], produced[0])]
         for r, x, lay in zip(op.results, results, produced):
             self.local[r] = (x, lay)
+        if caching:
+            self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
+                                           [self.local[r] for r in op.results])
 
     def _forwarded_sum(self, op: Op, wanted: list[Layout]) -> tuple:
         """Pending sums an add/subtract/negate can pass through: when every input is the same
@@ -484,7 +607,8 @@ class _Lowering:
             operands = [self.use(v, lay) for v, lay in zip(op.operands, layouts)]
         else:  # case: the branch index
             operands = [self.use(v, self.declared(v)) for v in op.operands]
-        outer = (self.em, self.converted)
+        outer = (self.em, self.converted, self.top)
+        self.top = False
         regions = []
         for index, region in enumerate(op.regions):
             block = region.blocks[0]
@@ -500,7 +624,7 @@ class _Lowering:
             returns = [self.use(v, lay) for v, lay in zip(term.operands, wanted)]
             local_block.ops.append(Op(term.name, returns, []))
             regions.append(Region([local_block]))
-        self.em, self.converted = outer
+        self.em, self.converted, self.top = outer
         new = self.em.emit(op.name, operands, [lay.local_type(r.type, self.mesh)
                                                for lay, r in zip(layouts, op.results)],
                            dict(op.attributes), regions)
@@ -589,6 +713,7 @@ def _clone_region(region: Region, env: dict[Value, Value]) -> Region:
     return out
 
 
-def lower_to_spmd(state: PartitionState) -> SpmdProgram:
-    """Lower a partitioned function to its device-local program."""
-    return _Lowering(state).run()
+def lower_to_spmd(state: PartitionState, cache: LoweringCache | None = None) -> SpmdProgram:
+    """Lower a partitioned function to its device-local program; with a `cache` of earlier
+    lowerings of the same function, only what changed since is lowered again."""
+    return _Lowering(state, cache).run()

@@ -9,6 +9,7 @@ there with the same result.
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 
 from partir_plugin.extend import (
     Leaf,
+    LoweringCache,
     PartitionError,
     PartitionState,
     TacticContext,
@@ -72,6 +74,8 @@ class SearchSpace:
         self.memory_penalty = memory_penalty
         self.evaluations = 0
         self._costs: dict[tuple, float] = {}
+        # Sibling states share most of their device-local code, and so its simulated work.
+        self._lowered, self._work = LoweringCache(), {}
 
     def actions(self, state: PartitionState) -> list[Action]:
         """Every tile action `state` allows, in a fixed order (axis, leaf, dim)."""
@@ -96,13 +100,15 @@ class SearchSpace:
                frozenset((id(op), tuple(n)) for op, n in state.nests.items() if n))
         if key not in self._costs:
             self.evaluations += 1
-            program = lower_to_spmd(state)
+            program = lower_to_spmd(state, self._lowered)
             result = simulate(program.func, program.mesh, self.hardware,
-                              simulator=self.simulator)
+                              simulator=self.simulator, memo=self._work)
             limit = self.hardware.memory_bytes
             overflow = max(0, result.peak_memory_bytes - limit) / limit if limit > 0 else 0.0
             cost = result.runtime_s * (1.0 + self.memory_penalty * overflow)
             self._costs[key] = cost if math.isfinite(cost) else math.inf
+            if self.evaluations % 64 == 0:
+                gc.collect()  # the schedule pauses the collector; each program is garbage now
         return self._costs[key]
 
     def apply(self, actions: list[Action]) -> None:

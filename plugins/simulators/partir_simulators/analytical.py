@@ -64,8 +64,12 @@ def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
 
 
 class _Analyser:
-    def __init__(self, mesh: Mesh, hardware, overlap: bool, fusion: bool):
+    def __init__(self, mesh: Mesh, hardware, overlap: bool, fusion: bool,
+                 memo: dict | None = None):
         self.mesh = mesh
+        # Per-op work, kept across simulations of programs that share ops (the lowering after
+        # each tactic reuses the device-local ops of what the tactic did not change).
+        self.memo = memo if memo is not None else {}
         self.hw = hardware
         self.overlap = overlap
         self.fusion = fusion
@@ -165,17 +169,20 @@ class _Analyser:
             if op in claimed:  # a producer duplicated into several kernels is charged once
                 continue
             claimed.add(op)
-            flops, trans, known = opcost.op_work(op)
+            work = self.memo.get(op)
+            if work is None:
+                work = self.memo[op] = (*opcost.op_work(op), opcost.compute_element(op),
+                                        opcost.is_matrix_op(op))
+            flops, trans, known, element, matrix = work
             if not known:
                 cost.unknown_ops.add(op.name)
             cost.flops += flops
             cost.transcendentals += trans
-            element = opcost.compute_element(op)
-            if opcost.is_matrix_op(op):
+            if matrix:
                 compute += self.hw.matmul_seconds(flops, element)
             else:
-                work = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
-                compute += work / self.hw.vector_flops_for(element)
+                vector = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
+                compute += vector / self.hw.vector_flops_for(element)
         memory = self.hw.memory_seconds(moved)
         duration = max(compute, memory) + self.hw.kernel_overhead_s
         cost.bytes += moved
@@ -237,15 +244,18 @@ def layout_copy(op: Op) -> Op | None:
 
 
 def simulate(func: Func, mesh: Mesh, hardware, *, overlap: bool = False,
-             donated_args: Sequence[int] = (), fusion: bool = True) -> SimulationResult:
+             donated_args: Sequence[int] = (), fusion: bool = True,
+             memo: dict | None = None) -> SimulationResult:
     """Estimate one device's runtime, flops and peak memory for the device-local `func`.
 
     `hardware` is a `HardwareSpec` (or an object with its methods). `donated_args` are argument
     indices whose buffers outputs may reuse (each donated argument aliases the first unaliased
-    output of the same byte size), subtracted as XLA's alias bytes.
+    output of the same byte size), subtracted as XLA's alias bytes. `memo` (a dict the
+    caller keeps) carries per-op work from one simulation to the next.
     """
     mesh = Mesh.of(mesh)
-    cost = _Analyser(mesh, hardware, overlap, fusion).block(func.body, func.returns, top=True)
+    cost = _Analyser(mesh, hardware, overlap, fusion, memo).block(func.body, func.returns,
+                                                                  top=True)
     argument_bytes = sum(nbytes(a) for a in func.args)
     alias = 0
     free_outputs = [nbytes(v) for v in dict.fromkeys(func.returns)]

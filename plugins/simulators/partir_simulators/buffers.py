@@ -4,6 +4,7 @@ assignment does (docs/simulator.md)."""
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 
@@ -137,13 +138,24 @@ def share_output_allocations(buffers: list[list[int]], outputs: list[list[int]],
     [size, first write].
     """
     allocs = sorted(((size, start) for size, start in outputs), key=lambda a: (-a[0], a[1]))
-    occupied = [[(start, end)] for _, start in allocs]
+    # Each allocation's occupants: disjoint live ranges, kept sorted (starts, ends), so whether
+    # a buffer overlaps one is a binary search (checking every occupant of every allocation
+    # for every buffer grew with the square of a train step's parameters). Only allocations
+    # at least as large (a prefix of `allocs`) whose output is first written after the buffer
+    # dies (the output occupies its allocation from then to the end) can take it.
+    occupied = [([start], [end]) for _, start in allocs]
+    sizes = [-size for size, _ in allocs]
     rest = []
     for b in sorted(buffers, key=lambda b: (-b[0], b[1])):
         size, first, last = b
-        for i in range(len(allocs) - 1, -1, -1):  # smallest (latest created) first
-            if allocs[i][0] >= size and all(last < s or first > e for s, e in occupied[i]):
-                occupied[i].append((first, last))
+        for i in range(bisect.bisect_right(sizes, -size) - 1, -1, -1):  # smallest first
+            if last >= allocs[i][1]:
+                continue  # the output is written before b dies
+            starts, ends = occupied[i]
+            j = bisect.bisect_right(starts, last)  # occupants starting before b ends
+            if j == 0 or ends[j - 1] < first:  # ... and the last of them ends before b starts
+                starts.insert(j, first)
+                ends.insert(j, last)
                 break
         else:
             rest.append(b)

@@ -53,13 +53,21 @@ ZERO_FLOP = MOVEMENT | VIEWS | FREE | {
 TRANSCENDENTAL_FLOPS = 4.0
 
 
+_SHORT_NAMES: dict[str, str] = {}  # asked for every op several times per simulation
+
+
 def short_name(op: Op) -> str:
     """`stablehlo.add` -> `add` (chlo/mhlo ops too)."""
     name = op.name
-    for prefix in ("stablehlo.", "chlo.", "mhlo.", "func."):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+    short = _SHORT_NAMES.get(name)
+    if short is None:
+        short = name
+        for prefix in ("stablehlo.", "chlo.", "mhlo.", "func."):
+            if name.startswith(prefix):
+                short = name[len(prefix):]
+                break
+        _SHORT_NAMES[name] = short
+    return short
 
 
 def int_list(text: str, key: str) -> list[int]:
