@@ -21,8 +21,8 @@ Per size:
   in_shardings=meta.in_shardings, out_shardings=meta.out_shardings).lower(*args).compile()`
   (the same shardings, jax's own Shardy propagation and SPMD partitioner). Each repetition
   builds a fresh train-step function for each side and clears jax's in-memory caches first
-  (no persistent cache is configured), so neither side hits a cache; the sides alternate (A B, then B A); the minimum over
-  repetitions is reported.
+  (no persistent cache is configured), so neither side hits a cache; the sides alternate
+  (A B, then B A); the minimum over repetitions is reported.
 
 The growth exponent is the least-squares slope of log(schedule time per tactic) against
 log(op count) over the unrolled sizes: 1 is linear. Writes the section "## Partitioning time
