@@ -146,10 +146,9 @@ def cases() -> list[tuple[str, str, object, list]]:
     for model, make in mlp_models.items():
         for name in ("BP", "MP", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z3"):
             out.append((model, name, make, mlp_scheds[name]))
-    if (ROOT / "benchmarks" / "models" / "transformer.py").exists():
-        t_scheds = _schedules("batch", {"tokens": 0, "targets": 0}, _transformer_mp_rule)
-        for name in ("BP", "BP+MP", "BP+Z3"):
-            out.append(("transformer-d128x2", name, _transformer_case(), t_scheds[name]))
+    t_scheds = _schedules("batch", {"tokens": 0, "targets": 0}, _transformer_mp_rule)
+    for name in ("BP", "BP+MP", "BP+Z3"):
+        out.append(("transformer-d128x2", name, _transformer_case(), t_scheds[name]))
     return out
 
 
