@@ -9,28 +9,16 @@ from typing import Any
 from .core.mesh import Mesh
 from .errors import InputMismatchError
 from .metadata import Metadata
-from .pipeline import Partitioned, Traced, apply_schedule, trace
+from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
 from .simulation import resolve_hardware_option
 
 
-def _aval_key(x) -> tuple:
-    """What a partitioned program is specialised on, per leaf: shape, dtype, weak type."""
-    import jax
-
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return (tuple(x.shape), x.dtype, x.weak_type)
-    aval = jax.typeof(x)
-    return (tuple(aval.shape), aval.dtype, aval.weak_type)
-
-
-def _abstract(x):
-    """A leaf as an unsharded ShapeDtypeStruct: partitioning starts from the logical
-    program, whatever sharding an argument carries."""
-    import jax
-
-    shape, dtype, weak = _aval_key(x)
-    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+def _shapes_and_dtypes(key: tuple) -> tuple:
+    """A partition key without weak types: what a compiled program checks its inputs against
+    (jax converts a Python scalar to the compiled dtype)."""
+    treedef, leaves = key
+    return treedef, tuple(k[:2] for k in leaves)
 
 
 @dataclass
@@ -107,9 +95,9 @@ class Compiled:
         import jax
 
         leaves, treedef = jax.tree_util.tree_flatten(self._bind(args, kwargs))
-        key = (treedef, tuple(_aval_key(x) for x in leaves))
+        key = (treedef, tuple(aval_key(x) for x in leaves))
         expected = self.partition.key
-        if (key[0], [k[:2] for k in key[1]]) != (expected[0], [k[:2] for k in expected[1]]):
+        if _shapes_and_dtypes(key) != _shapes_and_dtypes(expected):
             raise InputMismatchError(_describe_mismatch(expected, key, self.partition.traced))
         return self.jax_compiled(*args, **kwargs)
 
@@ -177,11 +165,11 @@ class PartitionedFunction:
         import jax
 
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = (treedef, tuple(_aval_key(x) for x in leaves))
+        key = (treedef, tuple(aval_key(x) for x in leaves))
         found = self._cache.get(key)
         if found is not None:
             return found
-        traced = trace(self.fn, jax.tree_util.tree_map(_abstract, args))
+        traced = trace(self.fn, args)
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
                               hardware=self.hardware, arg_names=traced.arg_names)
         program = part.program
@@ -255,7 +243,8 @@ def plan_redistribution(mesh, global_shape, dtype, src_spec, dst_spec) -> Any:
 
 
 def reshard(x, sharding):
-    """Move `x` to `sharding` (a NamedSharding) with a memory-bounded plan run through PJRT."""
+    """Move `x` to `sharding` (a NamedSharding) with a memory-bounded plan, run as a jax
+    function like every partitioned program."""
     from .runtime.reshard import reshard as run
 
     return run(x, sharding)

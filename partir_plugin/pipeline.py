@@ -61,13 +61,26 @@ class Traced:
     out_avals: list
 
 
-def trace(fn, args: tuple) -> Traced:
-    """Lower `fn` with jax (no sharding) and import it; name every argument leaf."""
+def aval_key(x) -> tuple:
+    """What a partitioned program is specialised on, per argument leaf (an array, a tracer,
+    a Python scalar or a ShapeDtypeStruct): shape, dtype and weak type, as jax.jit traces it."""
     import jax
 
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    return (tuple(aval.shape), aval.dtype, aval.weak_type)
+
+
+def trace(fn, args: tuple) -> Traced:
+    """Lower `fn` with jax (no sharding: partitioning starts from the logical program,
+    whatever sharding an argument carries) and import it; name every argument leaf."""
+    import jax
+
+    def abstract(x):
+        shape, dtype, weak = aval_key(x)
+        return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
     names = argument_names(fn, len(args))
-    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, weak_type=getattr(x, "weak_type", False)), args)
+    abstract = jax.tree_util.tree_map(abstract, args)
     lowered = jax.jit(fn, keep_unused=True).lower(*abstract)
     func = import_lowered(lowered)
     leaves: list[Leaf] = []

@@ -38,8 +38,7 @@ def jax_mesh_for(mesh) -> jax.sharding.Mesh:
 
 def local_aval(global_aval, layout: Layout, mesh: Mesh) -> jax.core.ShapedArray:
     """The per-device aval of a value with `layout` (a key array stays a key array)."""
-    shape = tuple(s // mesh.product(d) for s, d in zip(global_aval.shape, layout.dims))
-    return jax.core.ShapedArray(shape, global_aval.dtype)
+    return jax.core.ShapedArray(layout.local_shape(global_aval.shape, mesh), global_aval.dtype)
 
 
 class DeviceLocalFunction:

@@ -8,6 +8,7 @@ cached per (mesh, global shape, dtype, source spec, target sharding).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -37,15 +38,17 @@ class ReshardProgram:
         """The device-local StableHLO module: the plan's collectives."""
         return self.function.module.text
 
+    @functools.cached_property
     def compiled(self) -> jax.stages.Compiled:
+        """The compiled program, for inspection (calls go through `jitted`)."""
         return self.jitted.lower(self.source).compile()
 
     def hlo_text(self) -> str:
         """XLA's compiled HLO: the plan's collectives and nothing else."""
-        return self.compiled().as_text()
+        return self.compiled.as_text()
 
     def memory_analysis(self):
-        return self.compiled().memory_analysis()
+        return self.compiled.memory_analysis()
 
 
 _CACHE: dict[tuple, ReshardProgram] = {}

@@ -32,6 +32,10 @@ class Layout:
     def local_type(self, global_type: TensorType, mesh: Mesh) -> TensorType:
         return _local_type(self.dims, global_type, mesh)
 
+    def local_shape(self, shape: tuple[int, ...], mesh: Mesh) -> tuple[int, ...]:
+        """Each device's tile of a `shape` array with this layout."""
+        return tuple(s // mesh.product(d) for s, d in zip(shape, self.dims))
+
     def spec(self):
         """The equivalent `jax.sharding.PartitionSpec`."""
         from jax.sharding import PartitionSpec
@@ -52,5 +56,4 @@ def _local_type(dims, global_type: TensorType, mesh: Mesh) -> TensorType:
     # Lowering and simulation ask this for every value after every tactic: memoised.
     if not global_type.is_tensor:
         return global_type
-    return global_type.with_shape(tuple(s // mesh.product(d)
-                                        for s, d in zip(global_type.shape, dims)))
+    return global_type.with_shape(Layout(dims).local_shape(global_type.shape, mesh))

@@ -38,17 +38,14 @@ class SpmdProgram:
     in_layouts: list[Layout]
     out_layouts: list[Layout]
     counts: dict[str, int] = field(default_factory=dict)
-    _printed: tuple | None = field(default=None, repr=False, compare=False)
+    _text: str | None = field(default=None, repr=False, compare=False)
 
     def text(self) -> str:
         """The module's text, printed on first use: tactics' reports need none, and the
-        compile and the metadata ask for the same text (reprinted only if the argument
-        attributes changed in between)."""
-        key = tuple(sorted(self.func.arg_attrs.items()))
-        if self._printed is None or self._printed[0] != key:
-            self._printed = (key, print_func(self.func,
-                                             module_attrs=spmd_module_attrs(self.mesh)))
-        return self._printed[1]
+        runtime and the metadata ask for the same text."""
+        if self._text is None:
+            self._text = print_func(self.func, module_attrs=spmd_module_attrs(self.mesh))
+        return self._text
 
 
 def spmd_module_attrs(mesh: Mesh) -> str:
@@ -63,8 +60,7 @@ def spmd_module_attrs(mesh: Mesh) -> str:
 # `runtime.embed` numbers channels afresh where the module is merged into a jax program.
 # Without the channel XLA reads the groups as replica ids and, with one replica, gives wrong
 # numbers; the tests check every collective carries one.
-CHANNEL = "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>"
-_GLOBAL_IDS = "use_global_device_ids"
+_CHANNEL = {"channel_handle": "#stablehlo.channel_handle<handle = 1, type = 1>"}
 
 
 def _groups_attr(groups: list[list[int]]) -> str:
@@ -72,14 +68,9 @@ def _groups_attr(groups: list[list[int]]) -> str:
     return f"dense<[{body}]> : tensor<{len(groups)}x{len(groups[0])}xi64>"
 
 
-def _channel() -> dict[str, str]:
-    key, value = CHANNEL.split(" = ", 1)
-    return {key: value}
-
-
 def _grouped(groups: list[list[int]]) -> dict[str, str]:
     """all_reduce / all_gather / reduce_scatter attributes: groups of global device ids."""
-    return {"replica_groups": _groups_attr(groups), **_channel(), _GLOBAL_IDS: "unit"}
+    return {"replica_groups": _groups_attr(groups), **_CHANNEL, "use_global_device_ids": "unit"}
 
 
 def _i64_array(values) -> str:
@@ -202,7 +193,7 @@ class _Emitter:
                        {"split_dimension": f"{split_dim} : i64",
                         "concat_dimension": f"{concat_dim} : i64",
                         "split_count": f"{k} : i64",
-                        "replica_groups": _groups_attr(groups), **_channel()})
+                        "replica_groups": _groups_attr(groups), **_CHANNEL})
         return mark(op, "all_to_all", axes).results[0]
 
     def all_slice(self, x: Value, new_axes: dict[int, tuple[str, ...]]) -> Value:
@@ -237,7 +228,7 @@ class _Emitter:
         body = ", ".join(f"[{s}, {t}]" for s, t in pairs)
         op = self.emit("stablehlo.collective_permute", [x], [x.type],
                        {"source_target_pairs": f"dense<[{body}]> : tensor<{len(pairs)}x2xi64>",
-                        **_channel()})
+                        **_CHANNEL})
         return mark(op, "all_permute", axes).results[0]
 
 

@@ -205,17 +205,15 @@ def measure(budget_s: float, devices: int) -> dict:
 
 # ----------------------------------------------------------------------------- accelerators
 
-_KINDS = (("h100", "h100-sxm"), ("h200", "h200-sxm"), ("a100", "a100-40gb"), ("v3", "tpu-v3"))
-
-
 def base_spec_for(device_kind: str, base: str | None = None) -> HardwareSpec:
     """The datasheet spec a device is calibrated from: `base` by name, else by device kind."""
     from .specs import DATASHEET_SPECS
 
     by_name = {s.name: s for s in DATASHEET_SPECS}
-    if base is None:
+    if base is None:  # the first spec one of whose names the device kind contains
         kind = device_kind.lower()
-        base = next((name for key, name in _KINDS if key in kind), None)
+        base = next((s.name for s in DATASHEET_SPECS
+                     if any(n in kind for n in (s.name, *s.aliases))), None)
         if base is None:
             raise SystemExit(f"no datasheet spec for device kind {device_kind!r}; pass --base "
                              f"(one of {sorted(by_name)})")

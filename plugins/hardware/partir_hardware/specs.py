@@ -18,6 +18,8 @@ when left out of the fit (docs/simulator.md).
 
 from __future__ import annotations
 
+import dataclasses
+
 from partir_plugin.extend import HardwareSpec, LinkClass
 
 GiB = 2**30
@@ -85,20 +87,14 @@ H100_SXM = HardwareSpec(
           "(2026-11-23, jax 0.11.2)",
 )
 
-H200_SXM = HardwareSpec(
+# NVIDIA H200 datasheet (SXM): the H100's compute, NVLink and CUDA runtime (so its fit) with
+# 141 GB HBM3e at 4.8 TB/s; HGX H200 pairs each GPU with a 400 Gb/s NIC, as HGX H100.
+H200_SXM = dataclasses.replace(
+    H100_SXM,
     name="h200-sxm",
     aliases=("h200", "h200-141gb", "h200_sxm"),
-    # NVIDIA H200 datasheet (SXM): the H100's compute (dense figures as above) with 141 GB HBM3e
-    # at 4.8 TB/s; NVLink 900 GB/s; HGX H200 pairs each GPU with a 400 Gb/s NIC.
-    flops_per_s=dict(H100_SXM.flops_per_s),
-    vector_flops_per_s=67e12,
     memory_bytes=141 * GiB,
     memory_bandwidth_bytes_per_s=4.8e12,
-    links={"nvlink": LinkClass("nvlink", 450e9, 1e-6),
-           "network": LinkClass("network", 50e9, 5e-6)},
-    default_link="nvlink",
-    # The H100's compute and CUDA runtime: its fit, with the H200's own HBM bandwidth.
-    **H100_FIT,
     notes="NVIDIA H200 SXM 141GB datasheet; GPU cost structure from the H100 fit",
 )
 
