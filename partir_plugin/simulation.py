@@ -40,7 +40,11 @@ class HardwareSpec:
     reaches, `matrix_half_flops` the size (flops) at which a GEMM reaches half of that (small
     GEMMs are far from peak); `memory_efficiency` the fraction of peak memory bandwidth a
     streaming kernel reaches. With the defaults (0, 1, 0, 1) a kernel is the datasheet
-    roofline; GPU specs set all four (docs/simulator.md).
+    roofline; GPU specs set all four (docs/simulator.md). `duplicates_expensive_ops` says how
+    the backend fuses an expensive elementwise op (exp, tanh, divide, ...) read by several
+    kernels: True, into each of them (XLA:GPU's priority fusion, when its cost model allows: the
+    simulator's H100 peak memory matches XLA's only so), or False, once, in a kernel of its own
+    whose result is materialised (XLA:CPU's instruction fusion; docs/simulator.md).
     """
 
     name: str
@@ -55,6 +59,7 @@ class HardwareSpec:
     matrix_efficiency: float = 1.0
     matrix_half_flops: float = 0.0
     memory_efficiency: float = 1.0
+    duplicates_expensive_ops: bool = True
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()

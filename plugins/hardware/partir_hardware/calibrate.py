@@ -31,7 +31,7 @@ from pathlib import Path
 
 from partir_plugin.extend import HardwareSpec, LinkClass
 
-from .host import DEFAULT_DEVICES, HOST_CPU, calibration_path, physical_memory_bytes
+from .host import BACKEND, DEFAULT_DEVICES, HOST_CPU, calibration_path, physical_memory_bytes
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _CHILD_ENV = "PARTIR_CALIBRATE_CHILD"
@@ -188,6 +188,7 @@ def measure(budget_s: float, devices: int) -> dict:
         links={"host": LinkClass("host", link_bw, latency)}, default_link="host",
         kernel_overhead_s=overhead,
         notes=f"measured by `partir calibrate` across {k} virtual CPU devices",
+        **BACKEND,
     )
     data = spec.to_dict()
     data["measurements"] = {

@@ -17,6 +17,9 @@ CALIBRATION_ENV = "PARTIR_CALIBRATION_FILE"
 HOST_CPU = "host-cpu"
 HOST_ALIASES = ("cpu", "host")
 DEFAULT_DEVICES = 8  # the project runs SPMD programs on 8 virtual CPU devices
+# XLA:CPU's instruction fusion computes an expensive elementwise op read by several kernels once
+# and materialises it (xla/service/instruction_fusion.cc); not measured, so not in the file.
+BACKEND = {"duplicates_expensive_ops": False}
 
 
 def calibration_path() -> Path:
@@ -46,6 +49,7 @@ def default_host_spec(devices: int = DEFAULT_DEVICES) -> HardwareSpec:
         default_link="host",
         kernel_overhead_s=10e-6,
         notes="uncalibrated defaults; run `partir calibrate`",
+        **BACKEND,
     )
 
 
@@ -59,7 +63,8 @@ def load_host_spec(path: Path | str | None = None) -> HardwareSpec:
         return default_host_spec()
     try:
         data = json.loads(path.read_text())
-        return HardwareSpec.from_dict({**data, "name": HOST_CPU, "aliases": HOST_ALIASES})
+        return HardwareSpec.from_dict({**data, "name": HOST_CPU, "aliases": HOST_ALIASES,
+                                       **BACKEND})
     except (OSError, ValueError, KeyError, TypeError) as e:
         warnings.warn(f"ignoring calibration file {path}: {e}; using default host-cpu figures",
                       stacklevel=2)

@@ -85,7 +85,8 @@ class _Analyser:
             for v in op.inputs:
                 users.setdefault(v, []).append(op)
 
-        fused = fused_values(ops, returned, users) if self.fusion else set()
+        duplicate = getattr(self.hw, "duplicates_expensive_ops", True)
+        fused = fused_values(ops, returned, users, duplicate) if self.fusion else set()
 
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
