@@ -45,6 +45,8 @@ class HardwareSpec:
     kernels: True, into each of them (XLA:GPU's priority fusion, when its cost model allows: the
     simulator's H100 peak memory matches XLA's only so), or False, once, in a kernel of its own
     whose result is materialised (XLA:CPU's instruction fusion; docs/simulator.md).
+    `library_reductions`: reductions run as library fusions that take in a producer only when
+    no other kernel reads it (XLA:CPU's YNNPACK reductions), so such a producer is materialised.
     """
 
     name: str
@@ -60,6 +62,7 @@ class HardwareSpec:
     matrix_half_flops: float = 0.0
     memory_efficiency: float = 1.0
     duplicates_expensive_ops: bool = True
+    library_reductions: bool = False
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()

@@ -193,6 +193,31 @@ def test_expensive_op_read_by_two_kernels_is_materialised_on_xla_cpu(fn):
     assert abs(res.peak_memory_bytes - xla) <= 0.1 * xla
     assert simulate(func, MESH, HW).peak_memory_bytes <= 0.8 * xla  # duplicated: no temporary
 
+
+def _norm_scale_read_twice(r, x, y):
+    # The broadcast of a norm's rsqrt, as a train step uses it: JAX emits it once for the
+    # forward product and once for the scale's gradient sum; XLA's CSE makes it one value.
+    forward = x * jnp.broadcast_to(r, x.shape) + 1.0
+    scale_grad = jnp.sum(y * jnp.broadcast_to(r, x.shape), axis=(0, 1))
+    return forward, scale_grad
+
+
+def test_producer_of_a_library_reduction_read_by_another_kernel_is_materialised():
+    # XLA:CPU runs the sum as a YNNPACK fusion, which takes in only producers nothing else
+    # reads; the (CSE-merged) broadcast also feeds the forward kernel, so it is materialised:
+    # a 128 KiB temporary. Without either mechanism the broadcast fuses into both kernels.
+    r, x, y = jnp.ones((4, 64, 1)), jnp.ones((4, 64, 128)), jnp.ones((4, 64, 128))
+    kib128 = 4 * 64 * 128 * 4
+    arguments, outputs, temp = xla_memory(_norm_scale_read_twice, r, x, y)
+    assert temp == kib128
+    xla = arguments + outputs + temp
+    func = imported(_norm_scale_read_twice, r, x, y)
+    cpu = dataclasses.replace(HW, library_reductions=True)
+    res = simulate(func, MESH, cpu)
+    assert res.temp_peak_bytes == kib128
+    assert abs(res.peak_memory_bytes - xla) <= 0.1 * xla
+    assert simulate(func, MESH, HW).temp_peak_bytes == 0  # fused into both
+
 def test_donated_argument_aliases_an_output():
     update = lambda p, g: p - 0.1 * g
     func = imported(update, jnp.ones((128,)), jnp.ones((128,)))

@@ -17,9 +17,11 @@ CALIBRATION_ENV = "PARTIR_CALIBRATION_FILE"
 HOST_CPU = "host-cpu"
 HOST_ALIASES = ("cpu", "host")
 DEFAULT_DEVICES = 8  # the project runs SPMD programs on 8 virtual CPU devices
-# XLA:CPU's instruction fusion computes an expensive elementwise op read by several kernels once
-# and materialises it (xla/service/instruction_fusion.cc); not measured, so not in the file.
-BACKEND = {"duplicates_expensive_ops": False}
+# How XLA:CPU fuses (not measured, so not in the calibration file): its instruction fusion
+# computes an expensive elementwise op read by several kernels once and materialises it
+# (xla/service/instruction_fusion.cc), and it runs float add/max/min reductions as YNNPACK
+# fusions that take in only producers no other kernel reads (`__ynn_fusion` in its HLO).
+BACKEND = {"duplicates_expensive_ops": False, "library_reductions": True}
 
 
 def calibration_path() -> Path:

@@ -39,7 +39,7 @@ from . import opcost
 from .buffers import assign_buffers, shareable_inputs
 from .comm import collective_cost, communication_kind
 from .costs import BlockCost, Kernel, nbytes
-from .fusion import fused_values
+from .fusion import common_subexpressions, fused_values
 from .loops import trip_count
 from .opcost import short_name
 from .timeline import list_schedule
@@ -80,13 +80,15 @@ class _Analyser:
         ops = _live_ops(ops, returns)
         cost = BlockCost()
         returned = set(returns)
+        same = common_subexpressions(ops, returned) if self.fusion else {}
         users: dict[Value, list[Op]] = {}
         for op in ops:
             for v in op.inputs:
-                users.setdefault(v, []).append(op)
+                users.setdefault(same.get(v, v), []).append(op)
 
-        duplicate = getattr(self.hw, "duplicates_expensive_ops", True)
-        fused = fused_values(ops, returned, users, duplicate) if self.fusion else set()
+        fused = fused_values(
+            ops, returned, users, getattr(self.hw, "duplicates_expensive_ops", True),
+            getattr(self.hw, "library_reductions", False), same) if self.fusion else set()
 
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
@@ -95,6 +97,10 @@ class _Analyser:
         for op in ops:
             name = short_name(op)
             if op.results and all(r in fused for r in op.results):
+                continue
+            if op.results and op.results[0] in same:  # a repeat: the original's buffer
+                original = same[op.results[0]]
+                owner[op.results[0]] = owner.get(original, original)
                 continue
             if name in opcost.FREE:
                 for r in op.results:

@@ -2,9 +2,10 @@
 
 An elementwise or data-movement op whose every user can absorb it (another such op, or a
 reduction) is fused into its users; every other op is a kernel root. Fusing a value read by
-several kernels duplicates its computation into each of them, which XLA allows only for cheap
-ops: an expensive one (`EXPENSIVE`) read by more than one kernel is computed once, by a kernel
-of its own, and its result is materialised (`fused_values`).
+several kernels duplicates its computation into each of them, which a backend does not always
+do (`fused_values`): XLA:CPU's instruction fusion never duplicates an expensive op
+(`EXPENSIVE`), and its library reductions (`library_reduction`) absorb only producers no other
+kernel reads; such a value is computed once, by a kernel of its own, and materialised.
 """
 
 from __future__ import annotations
@@ -40,22 +41,70 @@ def _expensive(op: Op, name: str) -> bool:
     return True
 
 
+# The reducers YNNPACK implements (XLA:CPU's `IsReduceOpSupportedByYnn`,
+# xla/backends/cpu/ynn_support.cc: add, maximum, minimum over floats).
+LIBRARY_REDUCERS = frozenset({"add", "maximum", "minimum"})
+
+
+def library_reduction(op: Op) -> bool:
+    """Whether XLA:CPU runs `op` as a YNNPACK fusion (`__ynn_fusion`): a float `reduce` by
+    add/max/min. Such a fusion takes in a producer only when it is that producer's one user;
+    XLA:CPU's loop fusion, run after it, does duplicate cheap producers but cannot enter it."""
+    if short_name(op) != "reduce" or not op.regions or not op.regions[0].blocks:
+        return False
+    if not all(r.type.is_tensor and r.type.element.startswith(("f", "bf")) for r in op.results):
+        return False
+    body = [short_name(o) for o in op.regions[0].blocks[0].ops if short_name(o) != "return"]
+    return len(body) == 1 and body[0] in LIBRARY_REDUCERS
+
+
+def common_subexpressions(ops: list[Op], returned: set[Value]) -> dict[Value, Value]:
+    """Results of pure ops that repeat an earlier op on the same operands -> that op's result.
+
+    XLA's HloCSE merges them before fusion, so e.g. the broadcast of a norm's scale that JAX
+    emits once for the forward pass and again for the backward pass is one value with users in
+    both (which matters when it cannot be fused into all of them, `fused_values`).
+    """
+    first: dict[tuple, Value] = {}
+    same: dict[Value, Value] = {}
+    for op in ops:
+        name = short_name(op)
+        if (len(op.results) != 1 or op.regions or op.results[0] in returned
+                or (name not in opcost.FUSIBLE and name != "constant")):
+            continue
+        key = (op.name, tuple(id(same.get(v, v)) for v in op.inputs),
+               tuple(sorted(op.attributes.items())), str(op.results[0].type))
+        if key in first:
+            same[op.results[0]] = first[key]
+        else:
+            first[key] = op.results[0]
+    return same
+
+
 def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op]],
-                 duplicate_expensive: bool = True) -> set[Value]:
+                 duplicate_expensive: bool = True, library_reductions: bool = False,
+                 same: dict[Value, Value] | None = None) -> set[Value]:
     """The results of `ops` (one block, program order) that are fused into their users.
 
     Users are decided before producers, so each fused value knows the kernels (roots) it ends
-    up in: a cheap op is duplicated into all of them, an expensive one (`_expensive`) only
-    fused when they are a single kernel, as XLA's instruction fusion does. E.g. the `tanh` of
-    a GELU, read by the forward kernel and by the backward pass's kernels, is kept from the
-    forward pass to the backward one; the `exp` of a softmax, read by the sum and the
-    division, is materialised between them.
+    up in. A cheap op is duplicated into all of them. Without `duplicate_expensive` an
+    expensive op (`_expensive`) is fused only when they are a single kernel, as XLA's
+    instruction fusion does: e.g. the `tanh` of a GELU, read by a forward and a backward
+    kernel, is kept from the forward pass to the backward one; the `exp` of a softmax, read
+    by the sum and the division, is materialised between them. With `library_reductions`
+    (XLA:CPU) a value read by a library reduction (`library_reduction`) and another kernel is
+    materialised, cheap or not: e.g. the broadcast of a norm's scale or rsqrt that the
+    backward pass multiplies into both the input gradient and the scale's gradient sum.
+    `same` (`common_subexpressions`) maps repeated values to the one `users` is keyed by; a
+    repeat is fused when its original is.
     """
+    same = same or {}
     fused: set[Value] = set()
     homes: dict[Value, frozenset[Op]] = {}  # fused value -> the kernels it is fused into
     for op in reversed(ops):  # users before producers: a user's fate is known
         name = short_name(op)
-        if len(op.results) != 1 or name not in opcost.FUSIBLE or op.regions:
+        if len(op.results) != 1 or name not in opcost.FUSIBLE or op.regions or (
+                op.results[0] in same):
             continue
         v = op.results[0]
         us = users.get(v, [])
@@ -67,8 +116,10 @@ def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op
             kernels = frozenset().union(*(homes.get(u.results[0], frozenset((u,)))
                                           if len(u.results) == 1 else frozenset((u,))
                                           for u in us))
-            if len(kernels) > 1 and not duplicate_expensive and _expensive(op, name):
+            if len(kernels) > 1 and (
+                    (not duplicate_expensive and _expensive(op, name))
+                    or (library_reductions and any(library_reduction(k) for k in kernels))):
                 continue
             fused.add(v)
             homes[v] = kernels
-    return fused
+    return fused | {d for d, v in same.items() if v in fused}
