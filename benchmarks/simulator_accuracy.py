@@ -347,21 +347,32 @@ def section(rows: list[Row], s: dict, spec_line: str, runs: int) -> str:
         "buffers; an elementwise kernel takes over an input's buffer only when it reads that "
         "input elementwise (not through a transpose); a `reduce_scatter` over an inner "
         "dimension copies its operand into a scattered-dimension-major layout first, the "
-        "operand and the copy live at once (the Z2/Z3 weight gradients of the MLPs).",
+        "operand and the copy live at once (the Z2/Z3 weight gradients of the MLPs). And what "
+        "XLA:CPU's fusion materialises (the `host-cpu` spec's `duplicates_expensive_ops=False`, "
+        "`library_reductions=True`): an expensive op (exp, tanh, divide, rsqrt, ...) read by "
+        "several kernels is computed once and kept (the GELU's tanh from the forward to the "
+        "backward pass, the softmax's exp), and a producer read by a reduction (a YNNPACK "
+        "fusion, which takes in only producers nothing else reads) and by another kernel is "
+        "materialised, after XLA's CSE has merged the copies JAX emits (the broadcasts of the "
+        "norms' scales and rsqrt, kept from the forward to the backward pass). These took the "
+        "transformer from -6% (BP, BP+MP) and -20% (BP+Z3) to the figures above.",
         "",
         "Where it falls short, and why:",
         "",
-        "- Memory is under-estimated for Z3 on the transformer: XLA:CPU's temp heap there "
-        "holds many 128-256 KiB buffers the simulator does not create: layout copies around the "
-        "attention and weight-gradient matmuls (`transpose_copy`/`copy_bitcast`/`wrapped_copy` "
-        "fusions: XLA:CPU's matmuls want their batch dimensions major and row-major operands, "
-        "so a transpose feeding or following a matmul is materialised, sometimes next to its "
-        "source) and pad/concatenate fusions of the attention projections. The simulator "
-        "treats such transposes as fused or free; modelling XLA:CPU's layout assignment for "
-        "every matmul is not done.",
+        "- XLA:CPU's matmuls want row-major operands with the contracting dimension in place "
+        "and batch dimensions major, so it materialises transposes around some matmuls "
+        "(`transpose_copy`/`copy_bitcast` fusions: the weight gradients' transposed operands, "
+        "the attention's head-major copies); the simulator treats them as fused or free. "
+        "Around attention the copy replaces its source (same bytes), but a weight gradient's "
+        "copy lives next to its source: the transformer's Z3 peak (the unembedding's weight "
+        "gradient) holds one such 512 KiB copy the simulator lacks (part of its -3%).",
         "- The simulator orders kernels with its own memory-first list-scheduling heuristic, "
         "not XLA's schedule, so which temporary can wait in which output buffer sometimes "
-        "differs (the remaining few-percent errors of the MLP cases, in both directions).",
+        "differs (the remaining few-percent errors of the MLP cases, in both directions). "
+        "The transformer's BP and BP+MP are now over-estimated by 4-7%: at its peak the "
+        "simulator holds more 128 KiB activations than XLA does at its own (22 against 16 on "
+        "BP), while the broadcasts and the tanh it now keeps are held by XLA too; not analysed "
+        "further.",
         "- Step time: the absolute error is up to about 3x (est/measured column) because 8 "
         "virtual devices share the host's cores (their kernels and the `host` link contend; the "
         "calibration measures them while all run, but not with every op mix), and XLA:CPU's "

@@ -2,7 +2,9 @@
 
 The device-local program is cut into kernels the way a fusing backend would: an elementwise or
 data-movement op whose every user can absorb it (another such op or a reduction) is fused into
-its users, so its result is never materialised; every other op is a kernel root. A kernel takes
+its users, so its result is never materialised; every other op is a kernel root (repeats are
+merged first, as XLA's CSE does, and a spec for XLA:CPU keeps some values read by several
+kernels: `fusion.py`). A kernel takes
 max(compute, memory) + the spec's per-kernel overhead, with matmuls at the rate a GEMM of their
 size reaches and memory at the achievable bandwidth (`HardwareSpec.matmul_seconds`,
 `memory_seconds`); a collective takes
