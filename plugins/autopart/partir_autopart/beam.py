@@ -4,8 +4,11 @@ Model programs are shallow in decisions once layers are grouped (a role across l
 action), so keeping the `width` cheapest distributions at each depth and expanding every action
 from each explores the few decisions that matter exhaustively and deterministically, with no
 random rollouts. Distributions reached twice (a transposition: the same tiles in another order)
-are kept once. It stops when a depth improves on nothing, at `max_depth`, or when the budget
-(simulations and/or seconds) is spent; an int budget counts simulations.
+are kept once. An action that made a state slower is not tried again from that state's
+children (`slack`; it rarely helps one decision later, and skipping it makes a depth cost
+the few actions that still help rather than all of them). It stops when a depth improves on
+nothing, at `max_depth`, or when the budget (simulations and/or seconds) is spent; an int
+budget counts simulations.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ log = logging.getLogger(__name__)
 
 class BeamSearcher:
     """Beam search. Options: `width` (4 distributions kept per depth), `patience` (1: depths
-    without improvement before stopping), `max_depth` (16 decisions), `hardware`, `progress`,
+    without improvement before stopping), `slack` (0.02: an action whose state cost more than
+    (1 + slack) times its parent's is not tried from the parent's children; None: try every
+    action at every depth), `max_depth` (16 decisions), `hardware`, `progress`,
     `min_leaf_bytes`, `memory_penalty`, `atomic` (False here: atomic actions rarely lower the
     cost on their own, and a beam ranks by cost), `tags`, `seed` (accepted; the search is
     deterministic)."""
@@ -32,6 +37,7 @@ class BeamSearcher:
 
     def __init__(self, budget: Budget | int | None = None, *, hardware: Any = None, seed: int = 0,
                  progress: bool | None = None, width: int = 4, patience: int = 1,
+                 slack: float | None = 0.02,
                  max_depth: int = 16, min_leaf_bytes: int = 1024, memory_penalty: float = 10.0,
                  atomic: bool = False, tags: bool = True):
         self.budget = Budget.parse(budget, self.default_iterations)
@@ -39,6 +45,7 @@ class BeamSearcher:
         self.progress = progress
         self.width = width
         self.patience = patience
+        self.slack = slack
         self.max_depth = max_depth
         self.min_leaf_bytes = min_leaf_bytes
         self.memory_penalty = memory_penalty
@@ -53,17 +60,22 @@ class BeamSearcher:
         start = ctx.state.copy()
         baseline = best_cost = space.cost(start)
         best_seq: list[Action] = []
-        beam: list[tuple[float, list[Action], PartitionState]] = [(baseline, [], start)]
+        # (cost, actions taken, state, the actions worth trying from it; None: all)
+        beam: list[tuple[float, list[Action], PartitionState, set | None]] = [
+            (baseline, [], start, None)]
         seen = {space.key(start)}
         self.budget.start()
         it, stale = 0, 0
         with progress_bar(self.budget.iterations, self.progress, "AutomaticPartition") as bar:
             for _ in range(self.max_depth):
-                level: list[tuple[float, int, list[Action], PartitionState]] = []
-                for _, seq, state in beam:
+                level = []
+                for parent_cost, seq, state, worth in beam:
+                    tried = []
                     for action in space.actions(state):
                         if self.budget.spent(it):
                             break
+                        if worth is not None and action not in worth:
+                            continue
                         after = space.step(state, action)
                         key = space.key(after)
                         if key in seen:
@@ -72,11 +84,15 @@ class BeamSearcher:
                         cost = space.cost(after)
                         it += 1
                         bar.update(1)
-                        level.append((cost, len(level), [*seq, action], after))
+                        tried.append((cost, action))
+                        level.append((cost, len(level), [*seq, action], after, tried))
+                    limit = parent_cost * (1 + self.slack) if self.slack is not None else None
+                    tried[:] = [(c, a) for c, a in tried if limit is None or c <= limit]
                 if not level:
                     break
                 level.sort(key=lambda e: (e[0], e[1]))
-                beam = [(c, s, st) for c, _, s, st in level[:self.width]]
+                beam = [(c, s, st, None if self.slack is None else {a for _, a in tried})
+                        for c, _, s, st, tried in level[:self.width]]
                 if beam[0][0] < best_cost * (1 - 1e-9):
                     best_cost, best_seq, stale = beam[0][0], beam[0][1], 0
                     bar.set_postfix(best=f"{best_cost:.3g}s",
