@@ -18,7 +18,8 @@ _EXPORTS = {
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
-    "PartitionWarning": "tactics", "Budget": "search",
+    "PartitionWarning": "tactics", "Budget": "search", "SearchResult": "search",
+    "Decision": "search", "FrozenPartition": "search",
     "hookimpl": "hookspecs",
 }
 

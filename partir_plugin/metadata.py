@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .search import SearchResult
 from .spmd.collectives import COUNTED_KINDS, Collective
 
 # The name of the report's first row when it shows the unpartitioned program.
@@ -25,6 +26,8 @@ class TacticReport:
     conflicts: list[str] = field(default_factory=list)
     unsupported_ops: dict[str, int] = field(default_factory=dict)
     actions: list[str] = field(default_factory=list)
+    # What an automatic tactic's search found (decisions, costs, effort); None for others.
+    search: SearchResult | None = None
 
 
 

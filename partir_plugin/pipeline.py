@@ -128,12 +128,13 @@ def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: di
 
 
 def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardware,
-                  actions: list[str] | None = None, memo: dict | None = None) -> TacticReport:
+                  actions: list[str] | None = None, memo: dict | None = None,
+                  search=None) -> TacticReport:
     """The report row for the program as it stands (the one place rows are assembled)."""
     runtime, peak, flops = estimate(program, hardware, memo)
     return TacticReport(name, dict(program.counts), runtime, peak, flops,
                         [str(c) for c in state.conflicts], dict(state.unsupported),
-                        list(actions or []))
+                        list(actions or []), search)
 
 
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
@@ -169,7 +170,8 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names
             name = tactic.name
         ctx.propagate()
         program = lower_to_spmd(state, cache)
-        reports.append(tactic_report(name, program, state, hardware, ctx.actions, memo))
+        reports.append(tactic_report(name, program, state, hardware, ctx.actions, memo,
+                                     ctx.search))
     if program is None:  # an empty schedule: the replicated program
         propagate(state)
         program = lower_to_spmd(state)

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .errors import PartitionError
+
+if TYPE_CHECKING:
+    from .core.actions import TacticContext
 
 
 @dataclass
@@ -76,13 +80,123 @@ class Budget:
         return self.seconds is not None and self.elapsed() >= self.seconds
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One action a search chose, by name so it replays on any trace of the same function:
+    `tile` (on `dim`) or `atomic` (kept replicated) on `axis`, applied to every argument leaf
+    in `targets` (qualified names, "params/Block_0/attn/query/kernel"), or with `tag=True` to
+    the values tagged `targets[0]`. A group decision names every leaf of the group, so one
+    decision covers a role across layers and its optimizer moments."""
+
+    kind: str  # "tile" | "atomic"
+    targets: tuple[str, ...]
+    axis: str
+    dim: int | None = None
+    tag: bool = False
+    label: str = ""  # the group's name, for reading ("*/attn/query/kernel"); not replayed
+
+    def __post_init__(self):
+        if self.kind not in ("tile", "atomic") or (self.kind == "tile") != (self.dim is not None):
+            raise PartitionError(f"a decision is tile (with a dim) or atomic (without): "
+                                 f"{self.kind!r}, dim={self.dim!r}")
+
+    def apply(self, ctx: TacticContext) -> None:
+        """Issue the decision's actions on `ctx` (without propagating)."""
+        if self.tag:
+            found: list[Any] = list(self.targets)
+        else:
+            by_name = {lf.qualified: lf for lf in ctx.leaves}
+            missing = [t for t in self.targets if t not in by_name]
+            if missing:
+                raise PartitionError(f"{self}: no argument leaf {missing[0]!r}")
+            found = [by_name[t] for t in self.targets]
+        for target in found:
+            if self.kind == "tile":
+                ctx.tile(target, self.dim, self.axis)
+            else:
+                ctx.atomic(target, self.axis)
+
+    def __str__(self) -> str:
+        what = f"tag {self.targets[0]!r}" if self.tag else (
+            self.label or self.targets[0]) + (f" (x{len(self.targets)})"
+                                              if len(self.targets) > 1 else "")
+        if self.kind == "tile":
+            return f"tile {what} dim {self.dim} on {self.axis!r}"
+        return f"atomic {what} on {self.axis!r}"
+
+    def as_code(self) -> str:
+        extra = (", tag=True" if self.tag else "") + (f", label={self.label!r}"
+                                                      if self.label else "")
+        return (f"partir.Decision({self.kind!r}, {self.targets!r}, {self.axis!r}, {self.dim!r}"
+                f"{extra})")
+
+
+@dataclass
+class FrozenPartition:
+    """A searched choice, frozen: replays `decisions` in order, propagating after each as the
+    search did, so it gives the distribution (and report) the search gave without searching.
+    `SearchResult.as_tactic()` builds one; `as_code()` prints one to paste into a schedule."""
+
+    decisions: list[Decision]
+    name: str = "Frozen"
+
+    def apply(self, ctx: TacticContext) -> None:
+        for decision in self.decisions:
+            decision.apply(ctx)
+            ctx.propagate()
+
+    def as_code(self) -> str:
+        body = "".join(f"\n    {d.as_code()}," for d in self.decisions)
+        return f"partir.FrozenPartition([{body}\n], name={self.name!r})"
+
+
 @dataclass
 class SearchResult:
-    """What a search found: the best action sequence and its cost against the starting one."""
+    """What a search found: the best decisions and their cost against the starting state
+    (simulated seconds, with the memory penalty), and what finding them took."""
 
-    actions: list[str]
+    actions: list[str]  # the decisions, readable
     cost: float
     baseline_cost: float
     iterations: int
     evaluations: int
     seconds: float
+    decisions: list[Decision] = field(default_factory=list)
+    searcher: str = ""
+    tactic: str = "Auto"  # the AutomaticPartition's name, which a frozen copy keeps
+
+    def as_tactic(self) -> FrozenPartition:
+        """A tactic replaying this result: put it where the AutomaticPartition was to keep
+        the choice without searching again (same distribution, same report)."""
+        return FrozenPartition(list(self.decisions), self.tactic)
+
+    def as_code(self) -> str:
+        """`as_tactic()` as Python source, with `import partir_plugin as partir` in scope."""
+        return self.as_tactic().as_code()
+
+    def pretty(self) -> str:
+        """A small table: the decisions in order, then cost, speed-up and search effort."""
+        speedup = self.baseline_cost / self.cost if self.cost else float("inf")
+        lines = [f"{self.tactic}: {self.searcher or 'search'} chose {len(self.decisions)} "
+                 f"decision(s); {_ms(self.baseline_cost)} -> {_ms(self.cost)} "
+                 f"({speedup:.2f}x), {self.iterations} iterations, {self.evaluations} "
+                 f"simulations, {self.seconds:.1f} s"]
+        rows = [("#", "action", "target", "dim", "axis")]
+        for i, d in enumerate(self.decisions):
+            target = f"tag {d.targets[0]}" if d.tag else (d.label or d.targets[0])
+            if len(d.targets) > 1:
+                target += f" (x{len(d.targets)})"
+            rows.append((str(i + 1), d.kind, target, "-" if d.dim is None else str(d.dim),
+                         d.axis))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
+        lines.append("freeze it: result.as_tactic() in place of the AutomaticPartition, or "
+                     "paste result.as_code()")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.pretty()
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"

@@ -16,7 +16,7 @@ from typing import Any
 from .core.actions import Leaf, TacticContext
 from .core.state import PartitionState
 from .errors import PartitionError
-from .search import Budget
+from .search import Budget, SearchResult
 
 
 class PartitionWarning(UserWarning):
@@ -201,7 +201,11 @@ class AutomaticPartition:
                                  f"installed (available: {sorted(available) or 'none'})")
         for axis in self.axes:
             ctx.mesh.check_axis(axis)
-        available[name](budget=self.budget, **self.options).search(ctx, self.axes)
+        result = available[name](budget=self.budget, **self.options).search(ctx, self.axes)
+        if isinstance(result, SearchResult):
+            result.tactic = self.name
+            result.searcher = result.searcher or name
+            ctx.search = result
 
 
 def tactic(preset: str, /, *args: Any, **kwargs: Any) -> Any:

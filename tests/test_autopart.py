@@ -170,3 +170,137 @@ def test_progress_bar_shows_best_cost(large_traced, capsys):
     _auto(large_traced, {"batch": 8}, [auto])
     err = capsys.readouterr().err
     assert "AutomaticPartition" in err and "best=" in err
+
+
+# -- issue 12: groups, atomic and tag actions, transpositions, beam, explained results ---------
+
+def _space(traced, mesh, **kwargs):
+    from partir_autopart import SearchSpace
+
+    state = PartitionState(traced.func, Mesh.of(mesh), default_registry())
+    propagate(state)
+    ctx = TacticContext(state, traced.leaves, traced.arg_names)
+    return SearchSpace(ctx, list(mesh), "a100-40gb", **kwargs), state
+
+
+def test_groups_gather_a_role_across_layers_and_its_moments(large_traced):
+    from partir_autopart import find_groups, groups
+
+    assert groups.role("opt_state/0/mu/Block_12/attn/query/kernel") == (
+        "opt_state", "mu", "Block", "attn", "query", "kernel")
+    leaves = large_traced.leaves
+    found = {g.name: [leaves[i].qualified for i in g.leaves]
+             for g in find_groups(leaves, list(range(len(leaves))))}
+    # Two layers' biases have the same role and shape: one group, with Adam's mu and nu.
+    assert found["params/Dense_*/bias"] == [
+        "params/Dense_0/bias", "params/Dense_1/bias",
+        "opt_state/0/mu/Dense_0/bias", "opt_state/0/mu/Dense_1/bias",
+        "opt_state/0/nu/Dense_0/bias", "opt_state/0/nu/Dense_1/bias"]
+    # A kernel shaped like no other layer's is a group of its own, with its moments.
+    assert found["params/Dense_1/kernel"] == [
+        "params/Dense_1/kernel", "opt_state/0/mu/Dense_1/kernel",
+        "opt_state/0/nu/Dense_1/kernel"]
+    assert found["batch/x"] == ["batch/x"]
+    assert sorted(i for g in find_groups(leaves, list(range(len(leaves)))) for i in g.leaves) \
+        == list(range(len(leaves)))  # every leaf in exactly one group
+
+
+def test_group_and_atomic_actions(large_traced):
+    space, state = _space(large_traced, {"batch": 8})
+    actions = space.actions(state)
+    hidden = next(t for t, target in enumerate(space.targets)
+                  if target.name == "params/Dense_*/bias")
+    tile = next(a for a in actions if a.target == hidden and a.dim == 0)
+    after = space.step(state, tile)
+    values = space.values(space.targets[hidden], after)
+    assert len(values) == 6 and all(after.dim_of(v, "batch") == 0 for v in values)
+    assert space.decision(tile).targets[0] == "params/Dense_0/bias"
+    assert str(space.decision(tile)) == "tile params/Dense_*/bias (x6) dim 0 on 'batch'"
+    atomic = next(a for a in actions if a.target == hidden and a.dim is None)
+    kept = space.step(state, atomic)
+    assert all((v, "batch") in kept.atomic for v in values)
+    assert space.decision(atomic).kind == "atomic"
+    assert not [a for a in space.actions(kept) if a.target == hidden]  # decided on the axis
+    assert actions.index(tile) < actions.index(atomic)  # tile actions come first
+
+
+def _tagged(x, w1, w2):
+    h = partir.tag(jax.numpy.tanh(x @ w1), "hidden")
+    return (h @ w2).sum()
+
+
+def test_tag_actions():
+    args = (np.ones((64, 32), np.float32), np.ones((32, 64), np.float32),
+            np.ones((64, 16), np.float32))
+    traced = trace(_tagged, args)
+    space, state = _space(traced, {"batch": 4})
+    tag = next(t for t, target in enumerate(space.targets) if target.tag == "hidden")
+    action = next(a for a in space.actions(state) if a.target == tag and a.dim == 1)
+    after = space.step(state, action)
+    (value,) = after.tagged("hidden")
+    assert after.dim_of(value, "batch") == 1
+    assert space.decision(action).as_code() == (
+        "partir.Decision('tile', ('hidden',), 'batch', 1, tag=True)")
+    # Decided once: no more actions on the tag on that axis.
+    assert not [a for a in space.actions(after) if a.target == tag]
+
+
+def test_transpositions_share_one_distribution(large_traced):
+    space, state = _space(large_traced, {"batch": 4, "model": 2})
+    actions = space.actions(state)
+    a = next(x for x in actions if space.targets[x.target].name == "batch/x" and x.dim == 0)
+    b = next(x for x in actions if space.targets[x.target].name == "params/Dense_1/kernel"
+             and x.axis == "model" and x.dim == 1)
+    ab, ba = space.step(space.step(state, a), b), space.step(space.step(state, b), a)
+    assert space.key(ab) == space.key(ba)
+    evaluations = space.evaluations
+    assert space.cost(ab) == space.cost(ba) and space.evaluations == evaluations + 1
+
+
+@pytest.mark.parametrize("searcher", ["mcts", "beam"])
+def test_same_seed_same_result(large_traced, searcher):
+    def result():
+        auto = partir.AutomaticPartition(["batch", "model"], budget=12, searcher=searcher,
+                                         options=OPTIONS)
+        return _auto(large_traced, {"batch": 4, "model": 2}, [auto]).reports[0].search
+
+    first, second = result(), result()
+    assert first.decisions == second.decisions and first.cost == second.cost
+    assert first.searcher == searcher and first.iterations == 12
+
+
+def test_beam_finds_batch_parallelism_and_matches_jax(large, large_traced):
+    train_step, args = large
+    auto = partir.AutomaticPartition(["batch"], searcher="beam", options=OPTIONS)
+    step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
+    _assert_trees_close(step(*args), jax.jit(train_step)(*args))
+    assert meta.in_shardings[2]["x"].spec[0] == "batch"
+    result = meta.tactics[0].search
+    assert result.searcher == "beam" and result.cost < result.baseline_cost / 2
+    assert meta.tactics[0].estimated_runtime_s == pytest.approx(result.cost)
+
+
+def test_result_explains_itself_and_freezes(large_traced):
+    """meta carries the search; its frozen tactic (or pasted code) gives the same report."""
+    mesh = {"batch": 4, "model": 2}
+    bp = partir.tactic("BP", axis="batch", inputs=())  # reports a row; decides nothing
+    auto = partir.AutomaticPartition(["batch", "model"], budget=20, options=OPTIONS)
+    searched = _auto(large_traced, mesh, [bp, auto])
+    assert searched.reports[0].search is None
+    result = searched.reports[1].search
+    assert result.searcher == "mcts" and result.tactic == "Auto(batch,model)"
+    assert result.decisions and result.cost <= result.baseline_cost
+    assert result.evaluations <= result.iterations * 2 + 1 and result.seconds > 0
+    table = result.pretty()
+    assert "action" in table and str(result.decisions[0]).split(" on ")[0].split()[-1] in table
+    frozen = result.as_tactic()
+    pasted = eval(result.as_code(), {"partir": partir})
+    assert pasted == frozen and frozen.name == auto.name
+    for tactic in (frozen, pasted):
+        replayed = _auto(large_traced, mesh, [bp, tactic])
+        a, b = searched.reports[1], replayed.reports[1]
+        assert (a.actions, a.collectives, a.estimated_runtime_s) == (
+            b.actions, b.collectives, b.estimated_runtime_s)
+        assert replayed.state.tiling == searched.state.tiling
+    json = partir.Metadata(tactics=searched.reports).to_json()
+    assert json["tactics"][1]["search"]["decisions"][0]["axis"] in mesh

@@ -41,6 +41,7 @@ class TacticContext:
         self._arg_names = arg_names
         self.hardware = hardware  # the jit's hardware spec (name or object), for searchers
         self.actions: list[str] = []
+        self.search = None  # an automatic tactic's SearchResult, for the report
         self._touched: list[Value] = []
 
     @property

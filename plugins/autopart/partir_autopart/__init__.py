@@ -1,7 +1,8 @@
 """Built-in automatic partitioning (DESIGN.md §2.6, paper 1 §3, §7.3.1, app. A.5.3).
 
-`AutomaticPartition(axes, budget, searcher="mcts" | "greedy", options={...})` searches
-`tile<leaf, dim, axis>` actions on the function's argument leaves with the analytical
+`AutomaticPartition(axes, budget, searcher="mcts" | "beam" | "greedy", options={...})`
+searches `tile`/`atomic` actions on parameter groups (a role across layers with its optimizer
+moments, `groups.py`) and tagged values with the analytical
 simulator as cost (runtime, penalised when peak memory exceeds the device's), then applies the
 best sequence found through the tactic context, so it composes with manual tactics.
 """
@@ -10,16 +11,19 @@ from __future__ import annotations
 
 from partir_plugin.extend import hookimpl
 
+from .beam import BeamSearcher
 from .greedy import GreedySearcher
+from .groups import Group, find_groups
 from .mcts import MCTSSearcher
-from .space import Action, SearchSpace
+from .space import Action, SearchSpace, Target
 
-__all__ = ["Action", "GreedySearcher", "MCTSSearcher", "SearchSpace"]
+__all__ = ["Action", "BeamSearcher", "GreedySearcher", "Group", "MCTSSearcher", "SearchSpace",
+           "Target", "find_groups"]
 
 
 @hookimpl
 def partir_add_searchers() -> dict[str, type]:
-    return {"mcts": MCTSSearcher, "greedy": GreedySearcher}
+    return {"mcts": MCTSSearcher, "beam": BeamSearcher, "greedy": GreedySearcher}
 
 
 @hookimpl

@@ -1,5 +1,6 @@
-"""Greedy search: apply the single tile action that lowers the simulated cost most, until none
-does or the budget is spent. A baseline for MCTS, and quick on small programs."""
+"""Greedy search: apply the single action that lowers the simulated cost most, until none
+does or the budget is spent. A baseline for MCTS and beam search, and quick on small
+programs."""
 
 from __future__ import annotations
 
@@ -14,27 +15,31 @@ log = logging.getLogger(__name__)
 
 
 class GreedySearcher:
-    """Steepest descent over tile actions. Options: `hardware`, `progress`, `min_leaf_bytes`,
-    `memory_penalty`, `max_depth` (8 actions), `seed` (accepted for symmetry; unused).
-    `budget` (a `Budget`, or an int: simulated candidates) limits candidates and/or seconds;
-    default none: the search ends when no action helps."""
+    """Steepest descent over group, tag and atomic actions. Options: `hardware`, `progress`,
+    `min_leaf_bytes`, `memory_penalty`, `atomic`, `tags`, `max_depth` (12 decisions), `seed`
+    (accepted for symmetry; unused). `budget` (a `Budget`, or an int: simulated candidates)
+    limits candidates and/or seconds; default none: the search ends when no action helps."""
 
+    name = "greedy"
     default_iterations = None
 
     def __init__(self, budget: Budget | int | None = None, *, hardware: Any = None, seed: int = 0,
-                 progress: bool | None = None, max_depth: int = 8, min_leaf_bytes: int = 1024,
-                 memory_penalty: float = 10.0):
+                 progress: bool | None = None, max_depth: int = 12, min_leaf_bytes: int = 1024,
+                 memory_penalty: float = 10.0, atomic: bool = True, tags: bool = True):
         self.budget = Budget.parse(budget, self.default_iterations)
         self.hardware = hardware
         self.progress = progress
         self.max_depth = max_depth
         self.min_leaf_bytes = min_leaf_bytes
         self.memory_penalty = memory_penalty
+        self.atomic = atomic
+        self.tags = tags
         self.result: SearchResult | None = None
 
     def search(self, ctx: TacticContext, axes: list[str]) -> SearchResult:
         """Descend from `ctx.state`, then apply the actions taken to `ctx`."""
-        space = SearchSpace(ctx, axes, self.hardware, self.min_leaf_bytes, self.memory_penalty)
+        space = SearchSpace(ctx, axes, self.hardware, self.min_leaf_bytes, self.memory_penalty,
+                            self.atomic, self.tags)
         state = ctx.state.copy()
         baseline = cost = space.cost(state)
         taken: list[Action] = []
@@ -57,9 +62,7 @@ class GreedySearcher:
                 cost, action, state = best
                 taken.append(action)
                 bar.set_postfix(best=f"{cost:.3g}s", speedup=f"{baseline / cost:.2f}x")
-        space.apply(taken)
-        self.result = SearchResult([a.describe(space.leaves) for a in taken], cost, baseline,
-                                   it, space.evaluations, self.budget.elapsed())
+        self.result = space.apply(taken, self.name, cost, baseline, it, self.budget.elapsed())
         log.info("greedy: %d candidates, %.2fs: %s (%.3g s -> %.3g s)", it,
                  self.result.seconds, self.result.actions, baseline, cost)
         return self.result

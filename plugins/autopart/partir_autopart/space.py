@@ -1,10 +1,13 @@
-"""The search space shared by the searchers: tile actions on argument leaves, episodes played on
-copies of the partition state, and the simulator as cost (paper 1 §3, §7.3.1, app. A.5).
+"""The search space shared by the searchers: decisions on parameter groups and tagged values,
+episodes played on copies of the partition state, and the simulator as cost (paper 1 §3,
+§7.3.1, app. A.5).
 
-An action is `tile<leaf, dim, axis>`; `None` stands for "stop". Applying an action copies the
-state, tiles the leaf and propagates from it, exactly as `TacticContext.tile` followed by
-`TacticContext.propagate` does on the real state, so the best sequence found can be replayed
-there with the same result.
+An action is `tile<target, dim, axis>` or `atomic<target, axis>` (dim None), where a target is
+a parameter group (`groups.py`: a role across layers, with its optimizer moments) or a tag
+(`partir_plugin.tag`); `None` stands for "stop". Applying an action copies the state, issues
+the action's `Decision` through a `TacticContext` on the copy and propagates, exactly as the
+real context does when the best sequence is replayed (`SearchSpace.apply`), so the replay gives
+the state the search costed.
 """
 
 from __future__ import annotations
@@ -18,33 +21,42 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from partir_plugin.extend import (
-    Leaf,
+    Decision,
     LoweringCache,
     PartitionError,
     PartitionState,
+    SearchResult,
     TacticContext,
     UnknownNameError,
+    Value,
     lower_to_spmd,
-    propagate,
     resolve_hardware,
     resolve_simulator,
     simulate,
 )
 
+from .groups import Group, find_groups
+
 MEMORY_PENALTY = 10.0
 
 
 @dataclass(frozen=True)
+class Target:
+    """What an action decides: a parameter group (`group`) or a tag (`tag`)."""
+
+    name: str
+    group: Group | None = None
+    tag: str | None = None
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
 class Action:
-    """tile<leaves[leaf], dim, axis>."""
+    """tile<targets[target], dim, axis>, or atomic<targets[target], axis> when dim is None."""
 
-    leaf: int
-    dim: int
+    target: int
+    dim: int | None
     axis: str
-
-    def describe(self, leaves: list[Leaf]) -> str:
-        """As `TacticContext.actions` records it."""
-        return f"tile<argument {leaves[self.leaf].qualified!r}, {self.dim}, {self.axis!r}>"
 
 
 def progress_bar(total: int | None, enabled: bool | None, desc: str) -> tqdm:
@@ -55,10 +67,14 @@ def progress_bar(total: int | None, enabled: bool | None, desc: str) -> tqdm:
 
 
 class SearchSpace:
-    """Actions available in a state, how they change it, and what a state costs."""
+    """Actions available in a state, how they change it, and what a state costs.
+
+    `atomic`: offer atomic actions too (after the tile actions); `tags`: offer the tagged
+    values as targets."""
 
     def __init__(self, ctx: TacticContext, axes: list[str], hardware: Any = None,
-                 min_leaf_bytes: int = 1024, memory_penalty: float = MEMORY_PENALTY):
+                 min_leaf_bytes: int = 1024, memory_penalty: float = MEMORY_PENALTY,
+                 atomic: bool = True, tags: bool = True):
         try:  # None: the hardware and simulator the plugins' default hooks name
             self.hardware = resolve_hardware(hardware or ctx.hardware)
             self.simulator = resolve_simulator(None)
@@ -67,37 +83,85 @@ class SearchSpace:
                                  f"spec: {e.args[0]}") from None
         self.ctx = ctx
         self.leaves = ctx.leaves
+        self.arg_names = ctx.arg_names()
         self.axes = [a for a in axes if ctx.mesh.axis_size(a) > 1]
-        self.candidates = [i for i, leaf in enumerate(self.leaves)
-                           if leaf.value.type.is_tensor and leaf.value.type.rank > 0
-                           and leaf.value.type.nbytes >= min_leaf_bytes]
+        candidates = [i for i, leaf in enumerate(self.leaves)
+                      if leaf.value.type.is_tensor and leaf.value.type.rank > 0
+                      and leaf.value.type.nbytes >= min_leaf_bytes]
+        self.targets = [Target(g.name, group=g, nbytes=g.nbytes)
+                        for g in find_groups(self.leaves, candidates)]
+        if tags:
+            for name, values in sorted(ctx.state.tags.items()):
+                nbytes = sum(v.type.nbytes for v in values if v.type.is_tensor)
+                if values and all(v.type.is_tensor and v.type.rank > 0 for v in values):
+                    self.targets.append(Target(name, tag=name, nbytes=nbytes))
+        self.atomic = atomic
         self.memory_penalty = memory_penalty
         self.evaluations = 0
         self._costs: dict[tuple, float] = {}
         # Sibling states share most of their device-local code, and so its simulated work.
         self._lowered, self._work = LoweringCache(), {}
 
+    def values(self, target: Target, state: PartitionState) -> list[Value]:
+        if target.tag is not None:
+            return state.tagged(target.tag)
+        return [self.leaves[i].value for i in target.group.leaves]
+
     def actions(self, state: PartitionState) -> list[Action]:
-        """Every tile action `state` allows, in a fixed order (axis, leaf, dim)."""
-        out = []
+        """Every action `state` allows, in a fixed order: tile actions by axis, target, dim;
+        then atomic ones. A group action must be legal on every leaf of the group and change
+        at least one; a tag must still be undecided on the axis."""
+        tiles, atomics = [], []
         for axis in self.axes:
-            for i in self.candidates:
-                v = self.leaves[i].value
-                out += [Action(i, d, axis) for d in range(v.type.rank)
-                        if state.can_tile(v, d, axis) is None]
-        return out
+            for t, target in enumerate(self.targets):
+                values = self.values(target, state)
+                current = [state.dim_of(v, axis) for v in values]
+                if target.tag is not None and any(c is not None for c in current):
+                    continue
+                for d in range(values[0].type.rank):
+                    if all(c == d or (c is None and state.can_tile(v, d, axis) is None)
+                           for v, c in zip(values, current)) and None in current:
+                        tiles.append(Action(t, d, axis))
+                if self.atomic and all(c is None and (v, axis) not in state.atomic
+                                       for v, c in zip(values, current)):
+                    atomics.append(Action(t, None, axis))
+        return tiles + atomics
+
+    def decision(self, action: Action) -> Decision:
+        """The action by name, as the result reports it and a frozen tactic replays it."""
+        target = self.targets[action.target]
+        kind = "atomic" if action.dim is None else "tile"
+        if target.tag is not None:
+            return Decision(kind, (target.tag,), action.axis, action.dim, tag=True)
+        names = tuple(self.leaves[i].qualified for i in target.group.leaves)
+        return Decision(kind, names, action.axis, action.dim,
+                        label=target.name if len(names) > 1 else "")
 
     def step(self, state: PartitionState, action: Action) -> PartitionState:
         """A copy of `state` with `action` applied and propagated."""
         new = state.copy()
-        changed = new.tile_value(self.leaves[action.leaf].value, action.dim, action.axis)
-        propagate(new, seeds=changed or None)
+        ctx = TacticContext(new, self.leaves, self.arg_names)
+        self.decision(action).apply(ctx)
+        ctx.propagate()
         return new
+
+    @staticmethod
+    def key(state: PartitionState) -> tuple:
+        """The distribution a state stands for: states reached by different sequences that
+        share it share their statistics and cost (the searchers' transposition table). Tiles
+        on different dimensions commute, so a value's tiles are ordered by dimension (stable:
+        the order of axes on one dimension is kept, it is the devices' order); an op's loop
+        nests by axis."""
+        return (frozenset((id(v), tuple(sorted(t, key=lambda e: e[1])))
+                          for v, t in state.tiling.items() if t),
+                frozenset((id(op), tuple(sorted(n, key=lambda e: e[0])))
+                          for op, n in state.nests.items() if n),
+                frozenset((id(v), a) for v, a in state.atomic),
+                frozenset((id(op), a) for op, a in state.boundaries))
 
     def cost(self, state: PartitionState) -> float:
         """Simulated runtime, times (1 + penalty * fraction of device memory overflowed)."""
-        key = (frozenset((id(v), tuple(t)) for v, t in state.tiling.items() if t),
-               frozenset((id(op), tuple(n)) for op, n in state.nests.items() if n))
+        key = self.key(state)[:2]
         if key not in self._costs:
             self.evaluations += 1
             program = lower_to_spmd(state, self._lowered)
@@ -111,9 +175,16 @@ class SearchSpace:
                 gc.collect()  # the schedule pauses the collector; each program is garbage now
         return self._costs[key]
 
-    def apply(self, actions: list[Action]) -> None:
+    def apply(self, actions: list[Action], searcher: str, cost: float, baseline: float,
+              iterations: int, seconds: float) -> SearchResult:
         """Replay `actions` on the real context (recorded in its report), propagating after
-        each as the search did."""
-        for a in actions:
-            self.ctx.tile(self.leaves[a.leaf], a.dim, a.axis)
+        each as the search did, and say what was found: the result's `actions` are the
+        context's action strings, its `decisions` the same by name."""
+        decisions = [self.decision(a) for a in actions]
+        before = len(self.ctx.actions)
+        for d in decisions:
+            d.apply(self.ctx)
             self.ctx.propagate()
+        issued = [a for a in self.ctx.actions[before:] if a != "propagate"]
+        return SearchResult(issued, cost, baseline, iterations, self.evaluations, seconds,
+                            decisions, searcher)
