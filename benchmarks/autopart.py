@@ -235,6 +235,7 @@ class Row:
     step_times: list[float] = dataclasses.field(default_factory=list)
     run: Callable | None = dataclasses.field(default=None, repr=False)
     best: bool = False
+    error: str | None = None  # the automatic run failed: its exception
 
     @property
     def step_s(self) -> float | None:
@@ -244,13 +245,16 @@ class Row:
 def _search_stats(report, call: dict | None) -> tuple:
     """(seconds, iterations, evaluations): the report row's `search`, else the searcher's
     `result`, else the timed `apply` (seconds only)."""
-    search = getattr(report, "search", None)
+    def get(obj, key):
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    search = get(report, "search")
     if search is None and call and call.get("searcher") is not None:
-        search = getattr(call["searcher"], "result", None)
-    seconds = getattr(search, "seconds", None)
+        search = get(call["searcher"], "result")
+    seconds = get(search, "seconds")
     if seconds is None and call:
         seconds = call.get("seconds")
-    return seconds, getattr(search, "iterations", None), getattr(search, "evaluations", None)
+    return seconds, get(search, "iterations"), get(search, "evaluations")
 
 
 def partition(model: Model, name: str, schedule: list, built: tuple, measure: bool,
@@ -312,13 +316,18 @@ def bench_model(model: Model, searchers: list[str], seconds: float, runs: int, m
     autos = []
     for s in searchers:
         for name, (schedule, ref) in auto_schedules(s, seconds).items():
-            autos.append(partition(model, name, schedule, built, measure, searcher=s,
-                                   reference=ref if ref in by_name else best.schedule))
+            ref = ref if ref in by_name else best.schedule
+            try:
+                autos.append(partition(model, name, schedule, built, measure, searcher=s,
+                                       reference=ref))
+            except Exception as e:  # one searcher's failure is a result, not the end
+                autos.append(Row(model.name, name, True, math.nan, 0, math.nan, ref, s,
+                                 error=f"{type(e).__name__}: {e}".splitlines()[0][:160]))
             _progress(autos[-1])
     if measure:
         refs = [best] + [r for r in manual if r is not best and
                          any(a.reference == r.schedule for a in autos)]
-        timed = refs + autos
+        timed = refs + [a for a in autos if a.run is not None]
         print(f"  timing {len(timed)} schedules x {runs} runs ...", flush=True)
         time_rows(timed, runs)
         for r in timed:
@@ -329,6 +338,9 @@ def bench_model(model: Model, searchers: list[str], seconds: float, runs: int, m
 
 
 def _progress(r: Row) -> None:
+    if r.error:
+        print(f"{r.model:8s} {r.schedule:30s} FAILED: {r.error}", flush=True)
+        return
     extra = ""
     if r.auto:
         extra = (f"  search {_fmt(r.search_s, '.1f')} s, {_fmt(r.iterations)} it, "
@@ -363,6 +375,10 @@ HEAD = ["model", "schedule", "sim. runtime ms", "sim. peak MiB", "vs", "sim. aut
 def table(rows: list[Row], memory_bytes: int) -> list[str]:
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     for r in rows:
+        if r.error:
+            lines.append(f"| {r.model} | {r.schedule} | failed: {r.error} |"
+                         + " |" * (len(HEAD) - 3))
+            continue
         ratio, sratio = sim_ratio(r, rows), step_ratio(r, rows)
         name = f"**{r.schedule}** (best manual)" if r.best else r.schedule
         peak = f"{r.peak_bytes / 2**20:.0f}" + (" (over)" if r.peak_bytes > memory_bytes else "")
@@ -394,8 +410,8 @@ def summary(rows: list[Row], searchers: list[str]) -> list[str]:
         for kind, _ in kinds:
             for s in searchers:
                 r = next((r for r in mine if r.schedule == f"{kind} [{s}]"), None)
-                if r is None:
-                    cells.append("-")
+                if r is None or r.error:
+                    cells.append("failed" if r else "-")
                     continue
                 cell = f"**{sim_ratio(r, rows):.2f}**"
                 if step_ratio(r, rows) is not None:
@@ -406,6 +422,8 @@ def summary(rows: list[Row], searchers: list[str]) -> list[str]:
 
 
 def analysis(rows: list[Row], memory_bytes: int) -> list[str]:
+    failed = [r for r in rows if r.error]
+    rows = [r for r in rows if not r.error]
     autos = [r for r in rows if r.auto]
     worse = [r for r in autos if (sim_ratio(r, rows) or 0) > 1.005]
     better = [r for r in autos if (sim_ratio(r, rows) or math.inf) < 0.995]
@@ -449,6 +467,9 @@ def analysis(rows: list[Row], memory_bytes: int) -> list[str]:
         lines.append("- Searches that applied no tile action (the starting state was the best "
                      "found in the budget): "
                      + ", ".join(f"{r.model} {r.schedule}" for r in nothing) + ".")
+    if failed:
+        lines.append("- Failed automatic runs: " + "; ".join(
+            f"{r.model} {r.schedule}: {r.error}" for r in failed) + ".")
     return lines + [""]
 
 
