@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts \
-	bench-partition-time clean
+	bench-partition-time bench-autopart clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ bench-step-time: $(STAMP)
 
 bench-partition-time: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/partition_time.py
+
+bench-autopart: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/autopart.py
 
 bench-paper-counts: $(STAMP)
 	$(BIN)/python benchmarks/paper_counts.py
