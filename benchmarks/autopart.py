@@ -18,8 +18,7 @@ Per model, on the mesh {batch: 4, model: 2} with the simulator's estimates on `a
 Per schedule: the final report row's simulated runtime and peak memory
 (`meta.tactics[-1]`, filled by `step.lower(*args)`), the wall time of `step.lower` (trace,
 schedule, lowering), and for automatic rows the search: seconds, iterations and evaluations from
-the report row's `search` attribute when it has one, else from the searcher's `result`, else the
-wall time of `AutomaticPartition.apply`. The small models are also run on 8 virtual CPU devices:
+the report row's `search` (`SearchResult`). The small models are also run on 8 virtual CPU devices:
 the reference schedules and every automatic one, each compiled and warmed up, then the
 schedules alternate run by run (round robin, order rotated every round); median of `--runs`
 runs, `jax.block_until_ready`. T32 at the paper's size (`transformer.Config.paper()`) is
@@ -172,49 +171,6 @@ def auto_schedules(searcher: str, seconds: float) -> dict[str, tuple[list, str]]
                                               auto(("model",))], "BP+MP")}
 
 
-class _SearchRecorder:
-    """While active: the wall time of every `AutomaticPartition.apply` and the searcher object
-    it built (through `partir_plugin.kernel.searchers`, which `apply` looks up at call time), so
-    a searcher's `result` can be read when the report row carries no `search`."""
-
-    def __init__(self):
-        self.calls: list[dict] = []
-
-    def __enter__(self):
-        import partir_plugin.kernel as kernel
-        from partir_plugin.tactics import AutomaticPartition
-
-        self._kernel, self._cls = kernel, AutomaticPartition
-        self._orig_searchers, self._orig_apply = kernel.searchers, AutomaticPartition.apply
-        rec, orig_searchers, orig_apply = self, kernel.searchers, AutomaticPartition.apply
-
-        def searchers():
-            def wrap(factory):
-                def make(*a, **k):
-                    obj = factory(*a, **k)
-                    if rec.calls:
-                        rec.calls[-1]["searcher"] = obj
-                    return obj
-                return make
-            return {name: wrap(f) for name, f in orig_searchers().items()}
-
-        def apply(tactic, ctx):
-            rec.calls.append({"searcher": None, "seconds": None})
-            start = time.perf_counter()
-            try:
-                return orig_apply(tactic, ctx)
-            finally:
-                rec.calls[-1]["seconds"] = time.perf_counter() - start
-
-        kernel.searchers = searchers
-        AutomaticPartition.apply = apply
-        return self
-
-    def __exit__(self, *exc):
-        self._kernel.searchers = self._orig_searchers
-        self._cls.apply = self._orig_apply
-
-
 # ----------------------------------------------------------------------------- measuring
 
 
@@ -242,21 +198,6 @@ class Row:
         return statistics.median(self.step_times) if self.step_times else None
 
 
-def _search_stats(report, call: dict | None) -> tuple:
-    """(seconds, iterations, evaluations): the report row's `search`, else the searcher's
-    `result`, else the timed `apply` (seconds only)."""
-    def get(obj, key):
-        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-    search = get(report, "search")
-    if search is None and call and call.get("searcher") is not None:
-        search = get(call["searcher"], "result")
-    seconds = get(search, "seconds")
-    if seconds is None and call:
-        seconds = call.get("seconds")
-    return seconds, get(search, "iterations"), get(search, "evaluations")
-
-
 def partition(model: Model, name: str, schedule: list, built: tuple, measure: bool,
               searcher: str | None = None, reference: str | None = None) -> Row:
     import jax
@@ -264,17 +205,17 @@ def partition(model: Model, name: str, schedule: list, built: tuple, measure: bo
     import partir_plugin as partir
 
     train_step, args, _ = built
-    with _SearchRecorder() as rec:
-        start = time.perf_counter()
-        step, meta = partir.jit(train_step, MESH, schedule, hardware=HARDWARE)
-        step.lower(*args)
-        lower_s = time.perf_counter() - start
+    start = time.perf_counter()
+    step, meta = partir.jit(train_step, MESH, schedule, hardware=HARDWARE)
+    step.lower(*args)
+    lower_s = time.perf_counter() - start
     final = meta.tactics[-1]
     row = Row(model.name, name, searcher is not None, final.estimated_runtime_s,
               final.estimated_peak_memory_bytes, lower_s, reference, searcher)
     if searcher is not None:
-        row.search_s, row.iterations, row.evaluations = _search_stats(
-            final, rec.calls[-1] if rec.calls else None)
+        search = final.search  # the automatic tactic is the schedule's last
+        row.search_s, row.iterations, row.evaluations = (search.seconds, search.iterations,
+                                                         search.evaluations)
         row.actions = sum(1 for a in final.actions if a.startswith("tile"))
     if measure:
         placed = jax.device_put(args, meta.in_shardings)
