@@ -34,7 +34,6 @@ import dataclasses
 import math
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -65,17 +64,6 @@ class Model:
     build: Callable[[], tuple]  # () -> (train_step, args, mp_rule); args abstract if not run
     manual: tuple[str, ...]
     runnable: bool = True  # False: simulated only (abstract arguments)
-
-
-def _mlp_rule(path: str, shape: tuple) -> int | None:
-    """Megatron for `models/mlp.py`: `hidden_{2k}` kernels split their outputs, `hidden_{2k+1}`
-    their inputs (one all_reduce per pair forward and backward); the logits layer is left to
-    propagation."""
-    del shape
-    m = re.search(r"(^|/)hidden_(\d+)/kernel$", path)
-    if m is None:
-        return None
-    return 1 if int(m.group(2)) % 2 == 0 else 0
 
 
 _T_MANUAL = ("BP", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z2", "BP+MP+Z3", "BP+MP+Z3+EMB")
@@ -125,11 +113,11 @@ def _mlp(tiny: bool = False) -> Model:
     def build():
         import jax
 
-        from partir_plugin.models import mlp
+        from partir_plugin.models import megatron, mlp
 
         cfg = (dataclasses.replace(mlp.Config.small(), batch=16) if tiny else
                mlp.Config(batch=256, in_dim=512, hidden=(1024,) * 4, num_classes=512))
-        return mlp.make_train_step(cfg), mlp.init(cfg, jax.random.PRNGKey(0)), _mlp_rule
+        return mlp.make_train_step(cfg), mlp.init(cfg, jax.random.PRNGKey(0)), megatron.mlp_rule
 
     if tiny:
         return Model("mlp-tiny", "MLP 16-32-32-10, b16 (for tests)", build, ("BP", "BP+MP"))

@@ -26,6 +26,7 @@ Rule = Callable[[str, tuple[int, ...]], int | None]
 _QKV = re.compile(r"(^|/)attn/(query|key|value)/kernel$")
 _OUT = re.compile(r"(^|/)attn/out/kernel$")
 _UNET_CONV = re.compile(r"(^|/)(down_\d+|mid|up_\d+)_res_\d+/conv_(0|1)/kernel$")
+_MLP_HIDDEN = re.compile(r"(^|/)hidden_(\d+)/kernel$")
 
 
 def _attention(path: str, shape: tuple[int, ...]) -> int | None:
@@ -69,6 +70,16 @@ def unet_rule(path: str, shape: tuple[int, ...]) -> int | None:
     if match:
         return len(shape) - 1 if match.group(3) == "0" else len(shape) - 2
     return _attention(path, shape)
+
+
+def mlp_rule(path: str, shape: tuple[int, ...]) -> int | None:
+    """Megatron for `models/mlp.py`: `hidden_{2k}` kernels split their outputs, `hidden_{2k+1}`
+    their inputs, so each pair needs one all_reduce forward and one backward; the logits layer
+    is left to propagation."""
+    m = _MLP_HIDDEN.search(path)
+    if m is None:
+        return None
+    return len(shape) - 1 if int(m.group(2)) % 2 == 0 else len(shape) - 2
 
 
 def multi_query_rule(path: str, shape: tuple[int, ...]) -> int | None:
