@@ -18,7 +18,7 @@ from typing import Any
 
 from partir_plugin.extend import Budget, PartitionState, SearchResult, TacticContext
 
-from .space import Action, SearchSpace, progress_bar
+from .space import Action, SpaceOptions, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +41,17 @@ class BeamSearcher:
                  max_depth: int = 16, min_leaf_bytes: int = 1024, memory_penalty: float = 10.0,
                  atomic: bool = False, tags: bool = True):
         self.budget = Budget.parse(budget, self.default_iterations)
-        self.hardware = hardware
+        self.options = SpaceOptions(hardware, min_leaf_bytes, memory_penalty, atomic, tags)
         self.progress = progress
         self.width = width
         self.patience = patience
         self.slack = slack
         self.max_depth = max_depth
-        self.min_leaf_bytes = min_leaf_bytes
-        self.memory_penalty = memory_penalty
-        self.atomic = atomic
-        self.tags = tags
         self.result: SearchResult | None = None
 
     def search(self, ctx: TacticContext, axes: list[str]) -> SearchResult:
         """Search on `axes`, then apply the best sequence found to `ctx`."""
-        space = SearchSpace(ctx, axes, self.hardware, self.min_leaf_bytes, self.memory_penalty,
-                            self.atomic, self.tags)
+        space = self.options.space(ctx, axes)
         start = ctx.state.copy()
         baseline = best_cost = space.cost(start)
         best_seq: list[Action] = []

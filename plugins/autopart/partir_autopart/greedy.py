@@ -9,7 +9,7 @@ from typing import Any
 
 from partir_plugin.extend import Budget, SearchResult, TacticContext
 
-from .space import Action, SearchSpace, progress_bar
+from .space import Action, SpaceOptions, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +27,14 @@ class GreedySearcher:
                  progress: bool | None = None, max_depth: int = 12, min_leaf_bytes: int = 1024,
                  memory_penalty: float = 10.0, atomic: bool = True, tags: bool = True):
         self.budget = Budget.parse(budget, self.default_iterations)
-        self.hardware = hardware
+        self.options = SpaceOptions(hardware, min_leaf_bytes, memory_penalty, atomic, tags)
         self.progress = progress
         self.max_depth = max_depth
-        self.min_leaf_bytes = min_leaf_bytes
-        self.memory_penalty = memory_penalty
-        self.atomic = atomic
-        self.tags = tags
         self.result: SearchResult | None = None
 
     def search(self, ctx: TacticContext, axes: list[str]) -> SearchResult:
         """Descend from `ctx.state`, then apply the actions taken to `ctx`."""
-        space = SearchSpace(ctx, axes, self.hardware, self.min_leaf_bytes, self.memory_penalty,
-                            self.atomic, self.tags)
+        space = self.options.space(ctx, axes)
         state = ctx.state.copy()
         baseline = cost = space.cost(state)
         taken: list[Action] = []

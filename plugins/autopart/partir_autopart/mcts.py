@@ -22,7 +22,7 @@ from typing import Any
 
 from partir_plugin.extend import Budget, PartitionState, SearchResult, TacticContext
 
-from .space import Action, SearchSpace, progress_bar
+from .space import Action, SpaceOptions, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class MCTSSearcher:
                  min_leaf_bytes: int = 1024, memory_penalty: float = 10.0, atomic: bool = True,
                  tags: bool = True, cache_states: int = 256):
         self.budget = Budget.parse(budget, self.default_iterations)
-        self.hardware = hardware
+        self.options = SpaceOptions(hardware, min_leaf_bytes, memory_penalty, atomic, tags)
         self.seed = seed
         self.progress = progress
         self.exploration = exploration
@@ -72,10 +72,6 @@ class MCTSSearcher:
         self.alpha = alpha
         self.rollout_depth = rollout_depth
         self.max_depth = max_depth
-        self.min_leaf_bytes = min_leaf_bytes
-        self.memory_penalty = memory_penalty
-        self.atomic = atomic
-        self.tags = tags
         self.cache_states = cache_states
         self.result: SearchResult | None = None
 
@@ -191,8 +187,7 @@ class MCTSSearcher:
     def search(self, ctx: TacticContext, axes: list[str]) -> SearchResult:
         """Search on `axes`, then apply the best sequence found to `ctx`."""
         self.rng = random.Random(self.seed)
-        self.space = space = SearchSpace(ctx, axes, self.hardware, self.min_leaf_bytes,
-                                         self.memory_penalty, self.atomic, self.tags)
+        self.space = space = self.options.space(ctx, axes)
         start = ctx.state.copy()
         self._root_key = space.key(start)
         self._cache: OrderedDict[tuple, PartitionState] = OrderedDict({self._root_key: start})

@@ -66,6 +66,21 @@ def progress_bar(total: int | None, enabled: bool | None, desc: str) -> tqdm:
                 file=sys.stderr, dynamic_ncols=True)
 
 
+@dataclass(frozen=True)
+class SpaceOptions:
+    """The searchers' common options: what the space offers and how it costs a state."""
+
+    hardware: Any = None
+    min_leaf_bytes: int = 1024
+    memory_penalty: float = MEMORY_PENALTY
+    atomic: bool = True
+    tags: bool = True
+
+    def space(self, ctx: TacticContext, axes: list[str]) -> SearchSpace:
+        return SearchSpace(ctx, axes, self.hardware, self.min_leaf_bytes, self.memory_penalty,
+                           self.atomic, self.tags)
+
+
 class SearchSpace:
     """Actions available in a state, how they change it, and what a state costs.
 
