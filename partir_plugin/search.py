@@ -116,10 +116,16 @@ class Decision:
             else:
                 ctx.atomic(target, self.axis)
 
+    def target_text(self, quote: bool = True) -> str:
+        """What it applies to, for reading: the tag, or the group's label (first leaf) and
+        how many leaves it covers."""
+        if self.tag:
+            return f"tag {self.targets[0]!r}" if quote else f"tag {self.targets[0]}"
+        count = f" (x{len(self.targets)})" if len(self.targets) > 1 else ""
+        return (self.label or self.targets[0]) + count
+
     def __str__(self) -> str:
-        what = f"tag {self.targets[0]!r}" if self.tag else (
-            self.label or self.targets[0]) + (f" (x{len(self.targets)})"
-                                              if len(self.targets) > 1 else "")
+        what = self.target_text()
         if self.kind == "tile":
             return f"tile {what} dim {self.dim} on {self.axis!r}"
         return f"atomic {what} on {self.axis!r}"
@@ -183,10 +189,8 @@ class SearchResult:
                  f"simulations, {self.seconds:.1f} s"]
         rows = [("#", "action", "target", "dim", "axis")]
         for i, d in enumerate(self.decisions):
-            target = f"tag {d.targets[0]}" if d.tag else (d.label or d.targets[0])
-            if len(d.targets) > 1:
-                target += f" (x{len(d.targets)})"
-            rows.append((str(i + 1), d.kind, target, "-" if d.dim is None else str(d.dim),
+            rows.append((str(i + 1), d.kind, d.target_text(quote=False),
+                         "-" if d.dim is None else str(d.dim),
                          d.axis))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows]

@@ -89,8 +89,8 @@ class _Analyser:
                 users.setdefault(same.get(v, v), []).append(op)
 
         fused = fused_values(
-            ops, returned, users, getattr(self.hw, "duplicates_expensive_ops", True),
-            getattr(self.hw, "library_reductions", False), same) if self.fusion else set()
+            ops, returned, users, self.hw.duplicates_expensive_ops, self.hw.library_reductions,
+            same) if self.fusion else set()
 
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
