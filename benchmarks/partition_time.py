@@ -12,17 +12,19 @@ the reports need it). Arguments are abstract (`jax.eval_shape`): nothing is run.
 
 Per size:
 - the breakdown of one partitioning, phase by phase: jax's lowering of the unsharded step,
-  the import of its StableHLO, per tactic the tactic's actions with propagation / lowering to
-  the device-local program / the simulator's estimate, printing the final module, and jax's
-  lowering of the step as it runs (a manual `shard_map` embedding the module) plus XLA's
-  compile of it (no SPMD partitioning inside the shard_map);
+  the import of its StableHLO, per tactic the tactic's actions with propagation, the
+  lowering of the final state to the device-local program, printing it, and jax's lowering
+  of the step as it runs (a manual `shard_map` embedding the module) plus XLA's compile of it
+  (no SPMD partitioning inside the shard_map); then the first read of the per-tactic report
+  (each tactic's program lowered, incrementally, and simulated);
 - the end-to-end ratio of `partir_plugin.jit(step, mesh, schedule).lower(*args).compile()`
   (trace, import, schedule, print, embed, XLA compile) to `jax.jit(step,
   in_shardings=meta.in_shardings, out_shardings=meta.out_shardings).lower(*args).compile()`
   (the same shardings, jax's own Shardy propagation and SPMD partitioner). Each repetition
   builds a fresh train-step function for each side and clears jax's in-memory caches first
   (no persistent cache is configured), so neither side hits a cache; the sides alternate
-  (A B, then B A); the minimum over repetitions is reported.
+  (A B, then B A); the minimum over repetitions is reported. After ours, the first
+  `meta.report()` is timed apart ("report s").
 
 The growth exponent is the least-squares slope of log(schedule time per tactic) against
 log(op count) over the unrolled sizes: 1 is linear. Writes the section "## Partitioning time
@@ -81,6 +83,7 @@ class Size:
     phases: dict = dataclasses.field(default_factory=dict)  # phase -> seconds
     ours: list = dataclasses.field(default_factory=list)
     peer: list = dataclasses.field(default_factory=list)
+    report: list = dataclasses.field(default_factory=list)  # first read of ours' report
 
     @property
     def name(self) -> str:
@@ -88,7 +91,9 @@ class Size:
 
     @property
     def schedule_s(self) -> float:
-        return sum(v for k, v in self.phases.items() if k.split(" ")[0] in TACTICS)
+        """Partitioning proper: every tactic's actions and propagation, the final lowering."""
+        return sum(v for k, v in self.phases.items()
+                   if k.split(" ")[0] in TACTICS or k == "lower (final)")
 
     @property
     def per_op_tactic_us(self) -> float:
@@ -98,13 +103,17 @@ class Size:
     def ratio(self) -> float:
         return min(self.ours) / min(self.peer)
 
+    @property
+    def ratio_with_report(self) -> float:
+        return (min(self.ours) + min(self.report)) / min(self.peer)
+
 
 class _PhaseClock:
-    """Times `apply_schedule`'s phases by wrapping the names `partir_plugin.pipeline` calls:
-    the lowering after each tactic (`lower_to_spmd`) and the estimate (`estimate`); the rest of
-    a tactic's time (its actions and propagation) is what lies between."""
+    """Times `apply_schedule` and the report's first read by wrapping names that
+    `partir_plugin.pipeline` calls: `_AfterTactic` (built once per tactic, right after its
+    propagation), `lower_to_spmd` and `estimate`."""
 
-    NAMES = ("lower_to_spmd", "estimate")
+    NAMES = ("_AfterTactic", "lower_to_spmd", "estimate")
 
     def __init__(self):
         import partir_plugin.pipeline as pipeline
@@ -130,20 +139,29 @@ class _PhaseClock:
         for n, fn in self.orig.items():
             setattr(self.pipeline, n, fn)
 
-    def phases(self, start: float) -> dict[str, float]:
+    def schedule(self, start: float) -> dict[str, float]:
+        """Per tactic its actions + propagation (up to its `_AfterTactic`), then the final
+        lowering."""
         out, t = {}, start
-        for i, tactic in enumerate(TACTICS):
-            (_, l0, l1), (_, e0, e1) = self.events[2 * i], self.events[2 * i + 1]
-            out[f"{tactic} propagate"] = l0 - t
-            out[f"{tactic} lower"] = l1 - l0
-            out[f"{tactic} simulate"] = e1 - e0
-            t = e1
+        after = [e for e in self.events if e[0] == "_AfterTactic"]
+        for tactic, (_, _, end) in zip(TACTICS, after):
+            out[f"{tactic} propagate"] = end - t
+            t = end
+        (_, l0, l1), = [e for e in self.events if e[0] == "lower_to_spmd"]
+        out["lower (final)"] = l1 - l0
         return out
+
+    def report(self) -> dict[str, float]:
+        """The report's first read: per tactic, the lowering and the estimate."""
+        lowers = [e for e in self.events if e[0] == "lower_to_spmd"]
+        estimates = [e for e in self.events if e[0] == "estimate"]
+        return {"report: lower": sum(e[2] - e[1] for e in lowers),
+                "report: simulate": sum(e[2] - e[1] for e in estimates)}
 
 
 def breakdown(size: Size) -> None:
-    """One partitioning, phase by phase (the same steps `PartitionedFunction.lower` takes);
-    each phase keeps its minimum over the calls."""
+    """One partitioning, phase by phase (the same steps `PartitionedFunction.lower` takes),
+    then the first read of its report; each phase keeps its minimum over the calls."""
     import jax
 
     from partir_plugin.core.mesh import Mesh
@@ -172,14 +190,17 @@ def breakdown(size: Size) -> None:
                                    part.program.out_layouts, traced.out_avals)
     jax.jit(function).lower(*jax.tree.leaves(args)).compile()  # embed (shard_map) + XLA
     t6 = time.perf_counter()
+    with _PhaseClock() as report:
+        list(part.reports)
     size.local_ops = sum(1 for _ in walk(part.program.func.ops))
-    phases = {"jax lowering": t1 - t0, "import": t2 - t1, **clock.phases(t3),
-              "print": t5 - t4, "embed + XLA compile (ours)": t6 - t5}
+    phases = {"jax lowering": t1 - t0, "import": t2 - t1, **clock.schedule(t3),
+              "print": t5 - t4, "embed + XLA compile (ours)": t6 - t5, **report.report()}
     size.phases = {k: min(v, size.phases.get(k, v)) for k, v in phases.items()}
 
 
 def compare(size: Size, reps: int) -> None:
-    """`partir.jit(...).lower` against jax.jit's lower + compile, alternating, fresh functions."""
+    """`partir.jit(...).lower` against jax.jit's lower + compile, alternating, fresh functions;
+    after ours, the first read of its report (`meta.report()`), timed apart."""
     import jax
 
     import partir_plugin as partir
@@ -196,6 +217,9 @@ def compare(size: Size, reps: int) -> None:
                 fn, meta = partir.jit(step, MESH, schedule, hardware=HARDWARE)
                 fn.lower(*args).compile()
                 size.ours.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                meta.report()
+                size.report.append(time.perf_counter() - start)
             else:
                 jax.jit(step, in_shardings=meta.in_shardings,
                         out_shardings=meta.out_shardings).lower(*args).compile()
@@ -237,16 +261,20 @@ def section(sizes: list[Size], reps: dict, total_s: float) -> str:
         "`jax.jit(step, in_shardings=meta.in_shardings, out_shardings=meta.out_shardings)"
         ".lower(*args).compile()`. Fresh functions and `jax.clear_caches()` before every "
         "measurement, the two sides alternating; minimum of the repetitions shown (" +
-        ", ".join(f"{k}: {v}" for k, v in reps.items()) + "). µs/op/tactic = schedule time "
-        "(all three tactics: actions + propagation, lowering, estimate) / 3 / ops.",
+        ", ".join(f"{k}: {v}" for k, v in reps.items()) + "). The per-tactic report "
+        "(each tactic's program lowered and simulated) is made on its first read "
+        "(`TacticReports`): \"report s\" is the first `meta.report()` after ours, and the "
+        "last column the ratio when the report is read too. µs/op/tactic = schedule time "
+        "(all three tactics' actions + propagation, and the final lowering) / 3 / ops.",
         "",
-        "| size | ops | device-local ops | ours s | jax s | ours/jax | schedule s "
-        "| µs/op/tactic |",
-        "|---|---|---|---|---|---|---|---|",
+        "| size | ops | device-local ops | ours s | jax s | ours/jax | report s "
+        "| (ours + report)/jax | schedule s | µs/op/tactic |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in sizes:
         lines.append(f"| {s.name} | {s.ops} | {s.local_ops} | {min(s.ours):.2f} | "
-                     f"{min(s.peer):.2f} | **{s.ratio:.2f}** | {s.schedule_s:.2f} | "
+                     f"{min(s.peer):.2f} | **{s.ratio:.2f}** | {min(s.report):.2f} | "
+                     f"{s.ratio_with_report:.2f} | {s.schedule_s:.2f} | "
                      f"{s.per_op_tactic_us:.1f} |")
     if len(unrolled) > 1:
         lines += ["", f"Growth exponent of the schedule time per tactic over the unrolled "
@@ -258,7 +286,7 @@ def section(sizes: list[Size], reps: dict, total_s: float) -> str:
               "|---|" + "---|" * len(sizes)]
     for p in phase_names:
         lines.append(f"| {p} | " + " | ".join(f"{s.phases[p]:.3f}" for s in sizes) + " |")
-    lines.append("| schedule (the tactics' rows) | "
+    lines.append("| schedule (the tactics and the final lowering) | "
                  + " | ".join(f"{s.schedule_s:.3f}" for s in sizes) + " |")
     lines += ["", harness.ANALYSIS_MARKER, ""]
     return "\n".join(lines)
@@ -288,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             compare(size, n)
             sizes.append(size)
             print(f"{size.name:10s} ops {size.ops:6d}  ours {min(size.ours):6.2f} s  jax "
-                  f"{min(size.peer):6.2f} s  ratio {size.ratio:.2f}  schedule "
+                  f"{min(size.peer):6.2f} s  ratio {size.ratio:.2f}  report "
+                  f"{min(size.report):.2f} s  schedule "
                   f"{size.schedule_s:.2f} s  {size.per_op_tactic_us:.1f} µs/op/tactic  "
                   + "  ".join(f"{k} {v:.2f}" for k, v in size.phases.items()), flush=True)
     text = section(sizes, reps, time.perf_counter() - t0)

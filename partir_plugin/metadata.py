@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,17 +124,19 @@ def _fmt_time(s) -> str:
 class Metadata:
     """Filled when the partitioned callable first sees arguments (or on `.lower`)."""
 
-    tactics: list[TacticReport] = field(default_factory=list)
+    # One row per tactic; from `partir.jit` a `TacticReports`, lowered and simulated on
+    # first read (so a step that is only run never pays for its report).
+    tactics: Sequence[TacticReport] = field(default_factory=list)
     in_shardings: Any = None
     out_shardings: Any = None
     device_local_stablehlo: str | None = None
     hardware: str | None = None
     mesh: dict[str, int] | None = None
 
-    def fill(self, reports: list[TacticReport], mesh: dict[str, int], hardware,
+    def fill(self, reports: Sequence[TacticReport], mesh: dict[str, int], hardware,
              in_shardings, out_shardings, device_local_stablehlo: str) -> Metadata:
         """Record one partitioning (`partir.jit` on new input avals, `partir report`)."""
-        self.tactics = list(reports)
+        self.tactics = reports
         self.mesh = dict(mesh)
         self.hardware = getattr(hardware, "name", hardware)
         self.in_shardings, self.out_shardings = in_shardings, out_shardings

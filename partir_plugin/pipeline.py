@@ -7,6 +7,7 @@ searchers that need to try a schedule without compiling it).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,65 @@ def trace(fn, args: tuple) -> Traced:
 class Partitioned:
     state: PartitionState
     program: SpmdProgram
-    reports: list[TacticReport]
+    reports: TacticReports
+
+
+@dataclass(frozen=True)
+class _AfterTactic:
+    """What one tactic left: its name, its actions and search, and a copy of the state."""
+
+    name: str
+    state: PartitionState
+    actions: list[str]
+    search: Any
+
+
+class TacticReports(Sequence[TacticReport]):
+    """A schedule's report rows, one per tactic, made on first read.
+
+    A row needs the program as it stood after its tactic, lowered and simulated: together
+    more than half of a schedule's time, and a caller that only runs the step never reads
+    them. So the schedule keeps a copy of the state after each tactic (cheap: decisions only
+    append) and this sequence lowers and simulates them, in order and incrementally
+    (`LoweringCache`, the simulator's memo), the first time a row is read. `len()` does not
+    need the rows.
+    """
+
+    def __init__(self, after: list[_AfterTactic], hardware) -> None:
+        self._after = after
+        self._hardware = hardware
+        self._rows: list[TacticReport] | None = None
+
+    def _made(self) -> list[TacticReport]:
+        if self._rows is None:
+            with gc_paused():
+                cache, memo, rows = LoweringCache(), {}, []
+                for t in self._after:
+                    program = lower_to_spmd(t.state, cache)
+                    rows.append(tactic_report(t.name, program, t.state, self._hardware,
+                                              t.actions, memo, t.search))
+            self._rows, self._after = rows, []
+        return self._rows
+
+    @property
+    def made(self) -> bool:
+        """Have the rows been made (lowered and simulated) yet?"""
+        return self._rows is not None
+
+    def __len__(self) -> int:
+        return len(self._after) if self._rows is None else len(self._rows)
+
+    def __getitem__(self, i):
+        return self._made()[i]
+
+    def __iter__(self):
+        return iter(self._made())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(self._made()) if self.made else f"<{len(self)} tactic reports, not made yet>"
 
 
 def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: dict | None = None
@@ -140,11 +199,12 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
                    registry: TileMappingRegistry | None = None,
                    arg_names: list[str] | None = None) -> Partitioned:
-    """Apply each tactic then `propagate`; after each, lower and record a TacticReport.
+    """Apply each tactic then `propagate`, and lower the final state to the device-local
+    program. The per-tactic report rows are made when first read (`TacticReports`); an unknown
+    `hardware` name fails here, not then."""
+    from .simulation import resolve_hardware_option
 
-    Each lowering reuses the device-local code of the previous one wherever the tactic left
-    the distributed types unchanged (`LoweringCache`), so a tactic costs in proportion to
-    what it changed, not to the program."""
+    hardware = resolve_hardware_option(hardware)
     with gc_paused():
         return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names)
 
@@ -154,13 +214,11 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names
     from .kernel import default_registry
 
     state = PartitionState(func, mesh, registry or default_registry())
-    reports = []
-    program = None
-    cache, memo = LoweringCache(), {}
+    after = []
     for tactic in schedule:
         if hasattr(tactic, "reserve"):
             tactic.reserve(state)
-    for tactic in schedule:
+    for i, tactic in enumerate(schedule):
         ctx = TacticContext(state, leaves, arg_names, hardware)
         if callable(tactic) and not hasattr(tactic, "apply"):
             tactic(ctx)
@@ -169,10 +227,9 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names
             tactic.apply(ctx)
             name = tactic.name
         ctx.propagate()
-        program = lower_to_spmd(state, cache)
-        reports.append(tactic_report(name, program, state, hardware, ctx.actions, memo,
-                                     ctx.search))
-    if program is None:  # an empty schedule: the replicated program
+        # The last tactic's state is the final one, which nothing changes any more.
+        kept = state if i == len(schedule) - 1 else state.copy()
+        after.append(_AfterTactic(name, kept, ctx.actions, ctx.search))
+    if not schedule:  # an empty schedule: the replicated program
         propagate(state)
-        program = lower_to_spmd(state)
-    return Partitioned(state, program, reports)
+    return Partitioned(state, lower_to_spmd(state), TacticReports(after, hardware))

@@ -12,6 +12,7 @@ from jaxlib.mlir import ir
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.errors import UnknownNameError
 from partir_plugin.ir.importer import make_context
 from partir_plugin.models import megatron, transformer
 from partir_plugin.pipeline import apply_schedule, trace
@@ -63,3 +64,36 @@ def test_a_cached_lowering_of_an_unchanged_state_reuses_every_op(traced):
     reused = set(map(id, first.func.ops))
     assert all(id(op) in reused for op in top)
     assert second.counts == first.counts
+
+
+def test_report_rows_are_made_on_first_read(traced, monkeypatch):
+    """Partitioning lowers only the final state; each tactic's row (its program lowered and
+    simulated) is made when the report is first read, and equals the row of a schedule that
+    stopped after that tactic."""
+    import partir_plugin.pipeline as pipeline
+
+    made = []
+    estimate = pipeline.estimate
+    monkeypatch.setattr(pipeline, "estimate", lambda *a, **k: made.append(1) or estimate(*a, **k))
+    tactics = _tactics()
+    part = apply_schedule(traced.func, traced.leaves, MESH,
+                          [tactics["BP"], tactics["MP"], tactics["Z3"]], hardware="tpu-v3",
+                          arg_names=traced.arg_names)
+    assert not part.reports.made and not made and len(part.reports) == 3
+    rows = list(part.reports)
+    assert part.reports.made and len(made) == 3
+    assert rows[-1].collectives == part.program.counts
+    for k in (1, 2):
+        prefix = apply_schedule(traced.func, traced.leaves, MESH,
+                                [tactics[t] for t in ("BP", "MP")[:k]], hardware="tpu-v3",
+                                arg_names=traced.arg_names).reports[-1]
+        assert rows[k - 1].collectives == prefix.collectives
+        assert rows[k - 1].estimated_runtime_s == pytest.approx(prefix.estimated_runtime_s,
+                                                                 rel=1e-6)
+        assert rows[k - 1].estimated_peak_memory_bytes == prefix.estimated_peak_memory_bytes
+
+
+def test_an_unknown_hardware_name_fails_when_partitioning(traced):
+    with pytest.raises(UnknownNameError, match="no-such-chip"):
+        apply_schedule(traced.func, traced.leaves, MESH, [_tactics()["BP"]],
+                       hardware="no-such-chip", arg_names=traced.arg_names)
