@@ -13,19 +13,21 @@ from .tmr import Sum, TMREntry
 
 def _constraints(state: PartitionState, op: Op, axis: str):
     """What the neighbours of `op` say about `axis`: input dims tiled on it (forward), result
-    dims tiled on it (backward), and result dims consumers slice on it (backward, soft)."""
+    dims tiled on it (backward), and -- only when neither says anything, as they take
+    precedence -- result dims consumers slice on it (backward, soft)."""
     ins = tuple(state.dim_of(v, axis) for v in op.inputs)
     outs = tuple(state.dim_of(r, axis) for r in op.results)
     sliced: list[set[int]] = []
+    if any(d is not None for d in ins) or any(d is not None for d in outs):
+        return ins, outs, sliced
     for r in op.results:
         dims = set()
-        if state.dim_of(r, axis) is None:
-            for user, i in state.users.get(r, []):
-                if user is None:
-                    continue
-                for a, e in state.nest_of(user):
-                    if a == axis and e.operands[i] is not None:
-                        dims.add(e.operands[i])
+        for user, i in state.users.get(r, []):
+            if user is None:
+                continue
+            for a, e in state.nest_of(user):
+                if a == axis and e.operands[i] is not None:
+                    dims.add(e.operands[i])
         sliced.append(dims)
     return ins, outs, sliced
 

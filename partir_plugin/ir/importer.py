@@ -45,9 +45,9 @@ def _type(t: ir.Type) -> TensorType:
 
 
 class _Importer:
-    def __init__(self, module: ir.Module):
+    def __init__(self, module: ir.Operation):
         self.funcs = {}
-        for op in module.body.operations:
+        for op in module.regions[0].blocks[0].operations:
             if op.operation.name == "func.func":
                 name = ir.StringAttr(op.attributes["sym_name"]).value
                 self.funcs[name] = op
@@ -126,8 +126,9 @@ class _Importer:
                     b.ops.append(Op(term_name, terminator, []))
                     region.blocks.append(b)
                 regions.append(region)
+            results = op.results
             new = Op(name, [env[v] for v in op.operands],
-                     [self._type(r.type) for r in op.results], attrs, regions)
+                     [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule
             if name == TAG_OP:
                 new.location = _location_name(op.location)
@@ -139,7 +140,7 @@ class _Importer:
                 new.location = functools.partial(_location_name, op.location)
             if regions:
                 new.captures = _captures(new)
-            for r, v in zip(op.results, new.results):
+            for r, v in zip(results, new.results):
                 env[r] = v
             out.append(new)
         return []
@@ -167,19 +168,30 @@ def _captures(op: Op) -> list[Value]:
     return used
 
 
-def import_stablehlo(source: str | bytes, entry: str = "main") -> Func:
-    """Import a StableHLO module (text or bytecode) and return its entry function, inlined."""
-    with make_context(), gc_paused():
-        module = ir.Module.parse(source)
+def _import_module(module: ir.Operation, entry: str) -> Func:
+    """Annotate `module` with Shardy's rules and import its `entry` function, inlined."""
+    with gc_paused():
         pm = passmanager.PassManager.parse(
             "builtin.module(func.func(sdy-populate-op-sharding-rules))")
-        pm.run(module.operation)
+        pm.run(module)
         imp = _Importer(module)
         if entry not in imp.funcs:
             raise ValueError(f"no function @{entry} in module (have: {sorted(imp.funcs)})")
         return imp.import_func(entry)
 
 
+def import_stablehlo(source: str | bytes, entry: str = "main") -> Func:
+    """Import a StableHLO module (text or bytecode) and return its entry function, inlined."""
+    with make_context():
+        return _import_module(ir.Module.parse(source).operation, entry)
+
+
 def import_lowered(lowered) -> Func:
-    """Import the StableHLO of a `jax.jit(fn).lower(*args)` result."""
-    return import_stablehlo(lowered.as_text(debug_info=True))
+    """Import the StableHLO of a `jax.jit(fn).lower(*args)` result.
+
+    A copy of the module jax built, in jax's context: printing it and parsing the text again
+    would cost more than the walk itself (and the copy leaves jax's module, which jax may
+    cache and compile, without our annotations)."""
+    module = lowered.compiler_ir("stablehlo")
+    with module.context:
+        return _import_module(module.operation.clone(), "main")
