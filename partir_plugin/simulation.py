@@ -47,6 +47,9 @@ class HardwareSpec:
     whose result is materialised (XLA:CPU's instruction fusion; docs/simulator.md).
     `library_reductions`: reductions run as library fusions that take in a producer only when
     no other kernel reads it (XLA:CPU's YNNPACK reductions), so such a producer is materialised.
+    `combined_collectives` (kinds such as "all_reduce") and `combine_threshold_bytes`: the
+    backend's collective combiners send independent collectives of those kinds over the same
+    devices as one, up to that many bytes (XLA's AllReduceCombiner and friends; 0: none).
     """
 
     name: str
@@ -63,6 +66,8 @@ class HardwareSpec:
     memory_efficiency: float = 1.0
     duplicates_expensive_ops: bool = True
     library_reductions: bool = False
+    combined_collectives: tuple[str, ...] = ()
+    combine_threshold_bytes: int = 0
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -126,6 +131,7 @@ class HardwareSpec:
         kwargs["flops_per_s"] = {k: float(v) for k, v in data["flops_per_s"].items()}
         kwargs["memory_bytes"] = int(data["memory_bytes"])
         kwargs["aliases"] = tuple(data.get("aliases", ()))
+        kwargs["combined_collectives"] = tuple(data.get("combined_collectives", ()))
         return cls(**kwargs)
 
 

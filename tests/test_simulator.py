@@ -276,3 +276,53 @@ def test_result_serialises_and_checks_the_memory_limit():
     assert data["fits_in_memory"] and data["peak_memory_bytes"] == res.peak_memory_bytes
     tiny = HardwareSpec(**{**HW.__dict__, "memory_bytes": 1024})
     assert not simulate(imported(lambda a: a * 2, jnp.ones((1024,))), MESH, tiny).fits_in_memory
+
+
+def _all_reduces(n: int, axes=("B",), chain: bool = False) -> Func:
+    """n all-reduces of 1024 floats over `axes`: independent, or each reading the previous."""
+    body = Block()
+    xs = [body.add_arg(TensorType((1024,), "f32")) for _ in range(n)]
+    ops = []
+    for x in xs:
+        source = ops[-1].results[0] if chain and ops else x
+        ops.append(mark(Op("stablehlo.all_reduce", [source], [TensorType((1024,), "f32")]),
+                        "all_reduce", list(axes)))
+    body.ops += ops
+    return Func("main", body, [op.results[0] for op in ops])
+
+
+def test_independent_all_reduces_run_as_one_where_the_backend_combines_them():
+    """XLA's all-reduce combiner: independent all-reduces over the same devices are one ring
+    (one latency), up to the spec's threshold; one that reads another's result is not
+    combined with it; the program's collectives are still counted as written."""
+    combining = dataclasses.replace(HW, combined_collectives=("all_reduce",),
+                                    combine_threshold_bytes=2**30)
+    one = ring_time("all_reduce", 4096, 4, FAST)
+    func = _all_reduces(8)
+    assert simulate(func, MESH, HW).runtime_s == pytest.approx(8 * one)
+    combined = simulate(func, MESH, combining)
+    assert combined.runtime_s == pytest.approx(ring_time("all_reduce", 8 * 4096, 4, FAST))
+    assert combined.communication_s == pytest.approx(combined.runtime_s)
+    assert combined.collective_counts == {"all_reduce": 8}
+    # The threshold: groups of at most 4 x 4 KiB.
+    quarter = dataclasses.replace(combining, combine_threshold_bytes=4 * 4096)
+    assert simulate(func, MESH, quarter).runtime_s == pytest.approx(
+        2 * ring_time("all_reduce", 4 * 4096, 4, FAST))
+    # Dependent all-reduces, or all-reduces of a kind the spec does not combine, stay apart.
+    assert simulate(_all_reduces(3, chain=True), MESH, combining).runtime_s == \
+        pytest.approx(3 * one)
+    gathers_only = dataclasses.replace(combining, combined_collectives=("all_gather",))
+    assert simulate(func, MESH, gathers_only).runtime_s == pytest.approx(8 * one)
+
+
+def test_all_reduces_over_different_axes_are_not_combined():
+    combining = dataclasses.replace(HW, combined_collectives=("all_reduce",),
+                                    combine_threshold_bytes=2**30)
+    body = Block()
+    x, y = (body.add_arg(TensorType((1024,), "f32")) for _ in range(2))
+    a = mark(Op("stablehlo.all_reduce", [x], [TensorType((1024,), "f32")]), "all_reduce", ["B"])
+    b = mark(Op("stablehlo.all_reduce", [y], [TensorType((1024,), "f32")]), "all_reduce", ["M"])
+    body.ops += [a, b]
+    func = Func("main", body, [a.results[0], b.results[0]])
+    assert simulate(func, MESH, combining).runtime_s == pytest.approx(
+        simulate(func, MESH, HW).runtime_s)

@@ -31,6 +31,12 @@ GiB = 2**30
 H100_FIT = {"kernel_overhead_s": 5.5e-6, "matrix_efficiency": 0.725,
             "matrix_half_flops": 2e8, "memory_efficiency": 0.75}
 
+# XLA:GPU's collective combiners (gpu_compiler.cc: AllReduceCombiner, AllGatherCombiner,
+# ReduceScatterCombiner) with their default threshold, 30 MiB
+# (`--xla_gpu_all_reduce_combine_threshold_bytes` and its siblings).
+XLA_GPU_COMBINERS = {"combined_collectives": ("all_reduce", "all_gather", "reduce_scatter"),
+                     "combine_threshold_bytes": 30 * 2**20}
+
 TPU_V3 = HardwareSpec(
     name="tpu-v3",
     aliases=("tpuv3", "tpu_v3", "v3"),
@@ -43,6 +49,10 @@ TPU_V3 = HardwareSpec(
     # A.2: four 70 GB/s ICI links per chip; a ring along one torus axis sends over one of them.
     links={"ici": LinkClass("ici", 70e9, 1e-6)},
     default_link="ici",
+    # XLA:TPU combines independent all-reduces too; its threshold is not public: assumed
+    # to be XLA:GPU's.
+    combined_collectives=("all_reduce",),
+    combine_threshold_bytes=30 * 2**20,
     notes="PartIR appendix A.2; HBM bandwidth from Jouppi et al. 2020; per core",
 )
 
@@ -63,6 +73,7 @@ A100_40GB = HardwareSpec(
     # Not measured on an A100: the H100 fit's structure (same CUDA runtime, same kind of
     # tensor-core GEMMs and HBM), an assumption until `partir calibrate` runs on one.
     **H100_FIT,
+    **XLA_GPU_COMBINERS,
     notes="NVIDIA A100 40GB SXM datasheet; PartIR appendix A.2; GPU cost structure assumed "
           "from the H100 fit",
 )
@@ -83,6 +94,7 @@ H100_SXM = HardwareSpec(
            "network": LinkClass("network", 50e9, 5e-6)},
     default_link="nvlink",
     **H100_FIT,
+    **XLA_GPU_COMBINERS,
     notes="NVIDIA H100 SXM5 80GB datasheet; GPU cost structure fitted to measured step times "
           "(2026-11-23, jax 0.11.2)",
 )

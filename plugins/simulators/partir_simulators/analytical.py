@@ -8,7 +8,8 @@ kernels: `fusion.py`). A kernel takes
 max(compute, memory) + the spec's per-kernel overhead, with matmuls at the rate a GEMM of their
 size reaches and memory at the achievable bandwidth (`HardwareSpec.matmul_seconds`,
 `memory_seconds`); a collective takes
-its ring time on the link of its mesh axes. Kernels run in program order on a compute stream and
+its ring time on the link of its mesh axes, and independent collectives the backend combines
+run as one (`combiner.py`). Kernels run in program order on a compute stream and
 a communication stream; without overlap the two are one stream.
 
 Peak memory follows XLA's accounting: arguments and outputs are held for the whole program
@@ -24,7 +25,8 @@ expensive branch.
 
 This module costs kernels; the other concepts have a module each: `fusion.py` (which values
 are fused), `timeline.py` (the two streams), `buffers.py` (buffer assignment and the memory-
-aware order), `loops.py` (trip counts), `comm.py` (collectives), `opcost.py` (per-op work),
+aware order), `loops.py` (trip counts), `comm.py` (collectives), `combiner.py` (XLA's
+collective combiners), `opcost.py` (per-op work),
 `costs.py` (the records they exchange).
 """
 
@@ -39,6 +41,7 @@ from partir_plugin.extend import Block, Func, Mesh, Op, SimulationResult, Value
 
 from . import opcost
 from .buffers import assign_buffers, shareable_inputs
+from .combiner import combine_collectives
 from .comm import collective_cost, communication_kind
 from .costs import BlockCost, Kernel, nbytes
 from .fusion import common_subexpressions, fused_values
@@ -131,6 +134,7 @@ class _Analyser:
                 owner[r] = r
                 kinds[r] = "temp"
 
+        kernels = combine_collectives(kernels, owner, self.mesh, self.hw, cost)
         cost.runtime = list_schedule(kernels, owner, self.overlap)
         assign_buffers(kernels, owner, kinds, returns, cost, top)
         return cost
