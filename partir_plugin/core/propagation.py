@@ -120,24 +120,29 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
 
 
 def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
-    """Run propagation to a fixed point over every mesh axis."""
-    if seeds is None:
-        queue = deque(partitionable_ops(state.func.ops))
-    else:
-        queue = deque()
-        for v in seeds:
-            queue.extend(_neighbours(state, v))
-    queued = set(queue)
+    """Run propagation to a fixed point over every mesh axis.
+
+    The worklist holds (op, axis) pairs. A step on an axis changes tilings on that axis only,
+    so it wakes the neighbours on that axis. On another axis a neighbour can only come to fit
+    fewer entries (its operands' local extents shrink), which matters only where it stopped
+    at a conflict between several entries: those (op, axis) pairs are woken too.
+    """
     axes = state.mesh.names
+    if seeds is None:
+        ops = partitionable_ops(state.func.ops)
+    else:
+        ops = [n for v in seeds for n in _neighbours(state, v)]
+    queue = deque((op, axis) for op in ops for axis in axes)
+    queued = set(queue)
     while queue:
-        op = queue.popleft()
-        queued.discard(op)
-        for axis in axes:
-            for v in _step(state, op, axis):
-                for n in _neighbours(state, v):
-                    if n not in queued:
-                        queued.add(n)
-                        queue.append(n)
+        op, axis = queue.popleft()
+        queued.discard((op, axis))
+        for v in _step(state, op, axis):
+            for n in _neighbours(state, v):
+                for a in axes:
+                    if (a == axis or state.stopped_at(n, a)) and (n, a) not in queued:
+                        queued.add((n, a))
+                        queue.append((n, a))
 
 
 def _neighbours(state: PartitionState, v: Value) -> list[Op]:

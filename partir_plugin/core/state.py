@@ -144,6 +144,10 @@ class PartitionState:
         self._reported.add((op, axis))
         self.conflicts.append(Conflict(op.name, axis, reason, op.location))
 
+    def stopped_at(self, op: Op, axis: str) -> bool:
+        """Did propagation stop at `op` on `axis` with a conflict?"""
+        return (op, axis) in self._reported
+
     def record_unsupported(self, op: Op, axis: str) -> None:
         if (op, "__unsupported__") in self._reported:
             return
