@@ -118,7 +118,7 @@ def partir_default_simulator() -> str | None:
 @hookspec(firstresult=True)
 def partir_default_searcher() -> str | None:
     """The name of the searcher ``AutomaticPartition`` uses when given none. The first plugin
-    answering with a name wins; the built-in autopart plugin answers ``"mcts"``."""
+    answering with a name wins; the built-in autopart plugin answers ``"beam"``."""
 
 
 @hookspec

@@ -173,7 +173,7 @@ class AutomaticPartition:
 
     axes: list[str]
     budget: Budget | int | None = None
-    searcher: str | None = None  # None: the one `partir_default_searcher` names (mcts)
+    searcher: str | None = None  # None: the one `partir_default_searcher` names (beam)
     name: str | None = None
     options: dict = field(default_factory=dict)
     iterations: int | None = None

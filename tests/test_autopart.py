@@ -77,7 +77,8 @@ def test_state_copy_is_independent(large_traced):
 
 def test_mcts_finds_batch_parallelism_and_matches_jax(large, large_traced):
     train_step, args = large
-    auto = partir.AutomaticPartition(axes=["batch"], budget=30, options=OPTIONS)
+    auto = partir.AutomaticPartition(axes=["batch"], budget=30, searcher="mcts",
+                                     options=OPTIONS)
     step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
     new = step(*args)
     _assert_trees_close(new, jax.jit(train_step)(*args))
@@ -96,7 +97,7 @@ def test_greedy_finds_batch_parallelism(large_traced):
 
 def test_mcts_is_deterministic_with_a_seed(large_traced):
     def actions():
-        auto = partir.AutomaticPartition(["batch"], budget=8, options=OPTIONS)
+        auto = partir.AutomaticPartition(["batch"], budget=8, searcher="mcts", options=OPTIONS)
         return _auto(large_traced, {"batch": 8}, [auto]).reports[0].actions
 
     assert actions() == actions()
@@ -288,7 +289,7 @@ def test_result_explains_itself_and_freezes(large_traced):
     searched = _auto(large_traced, mesh, [bp, auto])
     assert searched.reports[0].search is None
     result = searched.reports[1].search
-    assert result.searcher == "mcts" and result.tactic == "Auto(batch,model)"
+    assert result.searcher == "beam" and result.tactic == "Auto(batch,model)"
     assert result.decisions and result.cost <= result.baseline_cost
     assert result.evaluations <= result.iterations * 2 + 1 and result.seconds > 0
     table = result.pretty()

@@ -33,7 +33,10 @@ class BeamSearcher:
     deterministic)."""
 
     name = "beam"
-    default_iterations = None
+    # Simulated candidates; a count, not seconds, so every host of a multi-host run stops at
+    # the same point and applies the same decisions. The search stops earlier when a depth
+    # brings no improvement (`patience`).
+    default_iterations = 200
 
     def __init__(self, budget: Budget | int | None = None, *, hardware: Any = None, seed: int = 0,
                  progress: bool | None = None, width: int = 4, patience: int = 1,
