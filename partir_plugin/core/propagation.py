@@ -115,7 +115,10 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
         if d is not None and state.dim_of(v, axis) is None:
             changed += state.tile_value(v, d, axis)  # inference: slice the missing operand
     changed += state.add_loop(op, axis, entry)
-    changed.extend(v for v in op.inputs if v not in changed)  # their producers now see slicing
+    # The producers of the inputs the loop slices now see that slicing (an input the loop
+    # reads whole, e.g. a reduction's scalar init shared by every layer, tells them nothing).
+    changed.extend(v for v, d in zip(op.inputs, entry.operands)
+                   if d is not None and v not in changed)
     return changed
 
 
