@@ -46,7 +46,7 @@ COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python 
            "benchmarks/autopart.py")
 HEADING = "## Automatic partitioning (Fig. 11)"
 MESH = {"batch": 4, "model": 2}
-HARDWARE = "a100-40gb"
+HARDWARE = "a100-40gb"  # the cost model of every search and report (`--hardware`)
 DEFAULT_MODELS = ("t2", "t8", "unet", "mlp", "t32")
 DEFAULT_MEASURE = ("t2", "unet", "mlp", "mlp-tiny")
 DEFAULT_SECONDS = 10.0
@@ -411,7 +411,8 @@ def section(rows: list[Row], models: list[Model], searchers: list[str], args,
     import jax
 
     argv = (f"--models {' '.join(args.models)} --seconds {args.seconds:g} --runs {args.runs} "
-            f"--measure {' '.join(args.measure)} --searchers {' '.join(searchers)}")
+            f"--measure {' '.join(args.measure)} --searchers {' '.join(searchers)}"
+            + (f" --hardware {args.hardware}" if args.hardware != "a100-40gb" else ""))
     lines = [
         HEADING,
         "",
@@ -473,6 +474,7 @@ def _memory_bytes() -> int:
 
 def run(argv: list[str] | None = None) -> tuple[list[Row], str]:
     """Run the benchmark; (rows, section text). The section is written unless --no-write."""
+    global HARDWARE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=MODELS)
     parser.add_argument("--measure", nargs="*", default=list(DEFAULT_MEASURE),
@@ -484,8 +486,13 @@ def run(argv: list[str] | None = None) -> tuple[list[Row], str]:
                         help=f"timed runs per schedule (default {DEFAULT_RUNS})")
     parser.add_argument("--searchers", nargs="+", default=None,
                         help="default: every installed searcher")
+    parser.add_argument("--hardware", default=HARDWARE,
+                        help=f"the spec searches and reports cost for (default {HARDWARE}; "
+                             "host-cpu: the calibrated host, to compare with the CPU step "
+                             "times)")
     harness.add_output_args(parser)
     args = parser.parse_args(argv)
+    HARDWARE = args.hardware
     t0 = time.perf_counter()
 
     from partir_plugin.kernel import searchers as installed
