@@ -19,7 +19,7 @@ _EXPORTS = {
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
     "PartitionWarning": "tactics", "Budget": "search", "SearchResult": "search",
-    "Decision": "search", "FrozenPartition": "search",
+    "Decision": "search", "DecisionKind": "search", "FrozenPartition": "search",
     "hookimpl": "hookspecs",
 }
 

@@ -38,7 +38,7 @@ from .errors import PartitionError, PluginError, UnknownNameError
 from .hookspecs import Override, hookimpl, override
 from .ir.graph import Block, Func, Op, Region, Value
 from .ir.types import TensorType
-from .search import Budget, Decision, FrozenPartition, SearchResult
+from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .simulation import (
     CollectiveCost,
     HardwareSpec,
@@ -55,7 +55,7 @@ from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 
 __all__ = [
     "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective",
-    "CollectiveCost", "Decision", "FrozenPartition", "Func", "HardwareSpec", "Leaf",
+    "CollectiveCost", "Decision", "DecisionKind", "FrozenPartition", "Func", "HardwareSpec", "Leaf",
     "LinkClass", "LoweringCache", "ManualPartition", "Mesh",
     "Op", "Override", "PartitionError", "PartitionState", "PluginError", "Region",
     "SearchResult", "SimulationResult", "Simulator", "SpmdProgram", "Sum", "TMREntry",

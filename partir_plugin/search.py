@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .errors import PartitionError
@@ -80,6 +81,14 @@ class Budget:
         return self.seconds is not None and self.elapsed() >= self.seconds
 
 
+class DecisionKind(StrEnum):
+    """What a decision does: `tile` a dimension on an axis, or keep the value `atomic`
+    (replicated) on it."""
+
+    TILE = "tile"
+    ATOMIC = "atomic"
+
+
 @dataclass(frozen=True)
 class Decision:
     """One action a search chose, by name so it replays on any trace of the same function:
@@ -88,7 +97,7 @@ class Decision:
     the values tagged `targets[0]`. A group decision names every leaf of the group, so one
     decision covers a role across layers and its optimizer moments."""
 
-    kind: str  # "tile" | "atomic"
+    kind: DecisionKind  # a plain "tile" / "atomic" is accepted (pasted `as_code()`)
     targets: tuple[str, ...]
     axis: str
     dim: int | None = None
@@ -96,9 +105,12 @@ class Decision:
     label: str = ""  # the group's name, for reading ("*/attn/query/kernel"); not replayed
 
     def __post_init__(self):
-        if self.kind not in ("tile", "atomic") or (self.kind == "tile") != (self.dim is not None):
+        kind = self.kind
+        if kind in tuple(DecisionKind):
+            object.__setattr__(self, "kind", DecisionKind(kind))
+        if kind not in tuple(DecisionKind) or (kind == DecisionKind.TILE) != (self.dim is not None):
             raise PartitionError(f"a decision is tile (with a dim) or atomic (without): "
-                                 f"{self.kind!r}, dim={self.dim!r}")
+                                 f"{kind!r}, dim={self.dim!r}")
 
     def apply(self, ctx: TacticContext) -> None:
         """Issue the decision's actions on `ctx` (without propagating)."""
@@ -111,7 +123,7 @@ class Decision:
                 raise PartitionError(f"{self}: no argument leaf {missing[0]!r}")
             found = [by_name[t] for t in self.targets]
         for target in found:
-            if self.kind == "tile":
+            if self.kind == DecisionKind.TILE:
                 ctx.tile(target, self.dim, self.axis)
             else:
                 ctx.atomic(target, self.axis)
@@ -126,14 +138,15 @@ class Decision:
 
     def __str__(self) -> str:
         what = self.target_text()
-        if self.kind == "tile":
+        if self.kind == DecisionKind.TILE:
             return f"tile {what} dim {self.dim} on {self.axis!r}"
         return f"atomic {what} on {self.axis!r}"
 
     def as_code(self) -> str:
         extra = (", tag=True" if self.tag else "") + (f", label={self.label!r}"
                                                       if self.label else "")
-        return (f"partir.Decision({self.kind!r}, {self.targets!r}, {self.axis!r}, {self.dim!r}"
+        return (f"partir.Decision({str(self.kind)!r}, {self.targets!r}, {self.axis!r}, "
+                f"{self.dim!r}"
                 f"{extra})")
 
 

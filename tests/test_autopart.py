@@ -305,3 +305,15 @@ def test_result_explains_itself_and_freezes(large_traced):
         assert replayed.state.tiling == searched.state.tiling
     json = partir.Metadata(tactics=searched.reports).to_json()
     assert json["tactics"][1]["search"]["decisions"][0]["axis"] in mesh
+
+
+def test_a_decision_kind_is_an_enum_built_from_its_name():
+    """Pasted `as_code()` names the kind as a string; the decision holds the enum, and a kind
+    that is neither, or a tile without a dim, is refused."""
+    decision = partir.Decision("tile", ("x",), "batch", 0)
+    assert decision.kind is partir.DecisionKind.TILE and decision.kind == "tile"
+    assert eval(decision.as_code(), {"partir": partir}) == decision
+    assert partir.Decision(partir.DecisionKind.ATOMIC, ("x",), "batch").kind == "atomic"
+    for bad in (("slice", 0), ("tile", None), ("atomic", 1)):
+        with pytest.raises(partir.PartitionError, match="tile .with a dim. or atomic"):
+            partir.Decision(bad[0], ("x",), "batch", bad[1])

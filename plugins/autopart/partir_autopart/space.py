@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from partir_plugin.extend import (
     Decision,
+    DecisionKind,
     LoweringCache,
     PartitionError,
     PartitionState,
@@ -145,7 +146,7 @@ class SearchSpace:
     def decision(self, action: Action) -> Decision:
         """The action by name, as the result reports it and a frozen tactic replays it."""
         target = self.targets[action.target]
-        kind = "atomic" if action.dim is None else "tile"
+        kind = DecisionKind.ATOMIC if action.dim is None else DecisionKind.TILE
         if target.tag is not None:
             return Decision(kind, (target.tag,), action.axis, action.dim, tag=True)
         names = tuple(self.leaves[i].qualified for i in target.group.leaves)
