@@ -134,7 +134,7 @@ class _Analyser:
                 owner[r] = r
                 kinds[r] = "temp"
 
-        kernels = combine_collectives(kernels, owner, self.mesh, self.hw, cost)
+        kernels = combine_collectives(kernels, owner, self.hw, cost)
         cost.runtime = list_schedule(kernels, owner, self.overlap)
         assign_buffers(kernels, owner, kinds, returns, cost, top)
         return cost
@@ -147,7 +147,7 @@ class _Analyser:
             cost.collectives.append(c)
             cost.comm_s += c.time_s
             return Kernel(root, list(root.inputs), list(root.results), "comm", c.time_s,
-                           comm_s=c.time_s)
+                          comm_s=c.time_s, collective=c)
         if name in ("while", "case", "if"):
             return self._compound(root, cost)
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partir_plugin.extend import Mesh, Op, Value, collective_axes
+from partir_plugin.extend import Value
 
-from .comm import collective_cost, communication_kind, ring_time
+from .comm import ring_time
 from .costs import BlockCost, Kernel
 
 MAX_COMBINED = 256  # XLA's combine_threshold_count
@@ -34,19 +34,20 @@ class _Group:
     bytes: int = 0
 
 
-def _key(op: Op, combined: frozenset[str]) -> tuple | None:
+def _key(k: Kernel, combined: frozenset[str]) -> tuple | None:
     """What a collective must share with others to be combined with them, or None."""
-    kind = communication_kind(op)
-    if kind is None or str(kind) not in combined:
+    c = k.collective
+    if c is None or c.kind not in combined:
         return None
+    op = k.root
     reducer = ()
     if op.regions and op.regions[0].blocks and op.regions[0].blocks[0].ops:
         reducer = (op.regions[0].blocks[0].ops[0].name,)
-    return (str(kind), collective_axes(op), *reducer)
+    return (c.kind, c.axes, c.group_size, c.link, *reducer)
 
 
-def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], mesh: Mesh,
-                        hardware, cost: BlockCost) -> list[Kernel]:
+def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], hardware,
+                        cost: BlockCost) -> list[Kernel]:
     """`kernels` with the collectives the spec's backend combines merged, in program order;
     `cost.comm_s` is corrected for the merged durations."""
     combined = frozenset(hardware.combined_collectives)
@@ -65,13 +66,11 @@ def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], mesh: 
                 pending.pop(r, None)
         if len(members) < 2:
             return
-        ops = [k.root for k in members]
-        first = collective_cost(ops[0], mesh, hardware)
-        link = hardware.link_for_axes(first.axes)
-        total = sum(collective_cost(op, mesh, hardware).bytes for op in ops)
-        duration = ring_time(first.kind, total, first.group_size, link)
+        first = members[0].collective
+        duration = ring_time(first.kind, group.bytes, first.group_size,
+                             hardware.links[first.link])
         cost.comm_s += duration - sum(k.duration for k in members)
-        merged = Kernel(ops[0], [v for k in members for v in k.inputs],
+        merged = Kernel(members[0].root, [v for k in members for v in k.inputs],
                         [v for k in members for v in k.outputs], "comm", duration,
                         comm_s=duration)
         for i in group.members[:-1]:
@@ -83,11 +82,11 @@ def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], mesh: 
                       if owner.get(v, v) in pending}
         for key in readers_of:
             close(key)
-        key = _key(k.root, combined) if k.stream == "comm" else None
+        key = _key(k, combined)
         if key is None:
             out.append(k)
             continue
-        size = collective_cost(k.root, mesh, hardware).bytes
+        size = k.collective.bytes
         group = open_groups.get(key)
         if group is not None and (group.bytes + size > threshold
                                   or len(group.members) >= MAX_COMBINED):

@@ -28,6 +28,7 @@ class Kernel:
     transient: int = 0
     # Inputs whose buffer the result may take over when read for the last time.
     shareable: tuple[Value, ...] = ()
+    collective: CollectiveCost | None = None  # a collective's cost record
 
 
 @dataclass
