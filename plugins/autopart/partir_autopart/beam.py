@@ -56,12 +56,13 @@ class BeamSearcher:
         """Search on `axes`, then apply the best sequence found to `ctx`."""
         space = self.options.space(ctx, axes)
         start = ctx.state.copy()
-        baseline = best_cost = space.cost(start)
+        start_key = space.key(start)
+        baseline = best_cost = space.cost(start, start_key)
         best_seq: list[Action] = []
         # (cost, actions taken, state, the actions worth trying from it; None: all)
         beam: list[tuple[float, list[Action], PartitionState, set | None]] = [
             (baseline, [], start, None)]
-        seen = {space.key(start)}
+        seen = {start_key}
         self.budget.start()
         it, stale = 0, 0
         with progress_bar(self.budget.iterations, self.progress, "AutomaticPartition") as bar:
@@ -79,7 +80,7 @@ class BeamSearcher:
                         if key in seen:
                             continue
                         seen.add(key)
-                        cost = space.cost(after)
+                        cost = space.cost(after, key)
                         it += 1
                         bar.update(1)
                         tried.append((cost, action))

@@ -193,7 +193,7 @@ class MCTSSearcher:
         self._cache: OrderedDict[tuple, PartitionState] = OrderedDict({self._root_key: start})
         self._root = _Node(self._root_key, None, None, 0)
         self._table = {self._root_key: self._root}
-        baseline = space.cost(start)
+        baseline = space.cost(start, self._root_key)
         best_cost, best_seq = baseline, []
         self._best_reward = 1.0
         self.budget.start()
@@ -203,7 +203,7 @@ class MCTSSearcher:
                 path, seq = self._select()
                 node = path[-1]
                 state = self._state(node)
-                tried = [(seq, space.cost(state))]
+                tried = [(seq, space.cost(state, node.key))]
                 if not node.terminal and not node.exhausted:
                     more, end = self._rollout(state, node.depth)
                     if more:

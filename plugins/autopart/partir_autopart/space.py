@@ -175,9 +175,11 @@ class SearchSpace:
                 frozenset((id(v), a) for v, a in state.atomic),
                 frozenset((id(op), a) for op, a in state.boundaries))
 
-    def cost(self, state: PartitionState) -> float:
-        """Simulated runtime, times (1 + penalty * fraction of device memory overflowed)."""
-        key = self.key(state)[:2]
+    def cost(self, state: PartitionState, key: tuple | None = None) -> float:
+        """Simulated runtime, times (1 + penalty * fraction of device memory overflowed).
+        `key`: the state's `key()` when the caller has it (its tiles and loops decide the
+        program, so they key the cost)."""
+        key = (key if key is not None else self.key(state))[:2]
         if key not in self._costs:
             self.evaluations += 1
             program = lower_to_spmd(state, self._lowered)
