@@ -105,12 +105,11 @@ class Decision:
     label: str = ""  # the group's name, for reading ("*/attn/query/kernel"); not replayed
 
     def __post_init__(self):
-        kind = self.kind
-        if kind in tuple(DecisionKind):
-            object.__setattr__(self, "kind", DecisionKind(kind))
-        if kind not in tuple(DecisionKind) or (kind == DecisionKind.TILE) != (self.dim is not None):
+        if (self.kind not in tuple(DecisionKind)
+                or (self.kind == DecisionKind.TILE) != (self.dim is not None)):
             raise PartitionError(f"a decision is tile (with a dim) or atomic (without): "
-                                 f"{kind!r}, dim={self.dim!r}")
+                                 f"{self.kind!r}, dim={self.dim!r}")
+        object.__setattr__(self, "kind", DecisionKind(self.kind))
 
     def apply(self, ctx: TacticContext) -> None:
         """Issue the decision's actions on `ctx` (without propagating)."""
@@ -146,8 +145,7 @@ class Decision:
         extra = (", tag=True" if self.tag else "") + (f", label={self.label!r}"
                                                       if self.label else "")
         return (f"partir.Decision({str(self.kind)!r}, {self.targets!r}, {self.axis!r}, "
-                f"{self.dim!r}"
-                f"{extra})")
+                f"{self.dim!r}{extra})")
 
 
 @dataclass
