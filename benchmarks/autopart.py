@@ -46,7 +46,7 @@ COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python 
            "benchmarks/autopart.py")
 HEADING = "## Automatic partitioning (Fig. 11)"
 MESH = {"batch": 4, "model": 2}
-HARDWARE = "a100-40gb"  # the cost model of every search and report (`--hardware`)
+HARDWARE = "a100-40gb"  # the default cost model of every search and report (`--hardware`)
 DEFAULT_MODELS = ("t2", "t8", "unet", "mlp", "t32")
 DEFAULT_MEASURE = ("t2", "unet", "mlp", "mlp-tiny")
 DEFAULT_SECONDS = 10.0
@@ -144,11 +144,12 @@ def manual_schedule(name: str, mp_rule) -> list:
     return [make[t]() for t in name.split("+")]
 
 
-def auto_schedules(searcher: str, seconds: float) -> dict[str, tuple[list, str]]:
+def auto_schedules(searcher: str, seconds: float, hardware: str
+                   ) -> dict[str, tuple[list, str]]:
     """name -> (schedule, the manual schedule it is compared with: None = best manual)."""
     import partir_plugin as partir
 
-    options = {"seed": 0, "progress": False, "hardware": HARDWARE}
+    options = {"seed": 0, "progress": False, "hardware": hardware}
 
     def auto(axes):
         return partir.AutomaticPartition(list(axes), searcher=searcher, seconds=seconds,
@@ -187,14 +188,15 @@ class Row:
 
 
 def partition(model: Model, name: str, schedule: list, built: tuple, measure: bool,
-              searcher: str | None = None, reference: str | None = None) -> Row:
+              hardware: str, searcher: str | None = None, reference: str | None = None
+              ) -> Row:
     import jax
 
     import partir_plugin as partir
 
     train_step, args, _ = built
     start = time.perf_counter()
-    step, meta = partir.jit(train_step, MESH, schedule, hardware=HARDWARE)
+    step, meta = partir.jit(train_step, MESH, schedule, hardware=hardware)
     step.lower(*args)
     lower_s = time.perf_counter() - start
     final = meta.tactics[-1]
@@ -232,23 +234,24 @@ def best_manual(rows: list[Row], memory_bytes: int) -> Row:
 
 
 def bench_model(model: Model, searchers: list[str], seconds: float, runs: int, measure: bool,
-                memory_bytes: int) -> list[Row]:
+                hardware: str) -> list[Row]:
     measure = measure and model.runnable
     built = model.build()
     manual = []
     for name in model.manual:
-        manual.append(partition(model, name, manual_schedule(name, built[2]), built, measure))
+        manual.append(partition(model, name, manual_schedule(name, built[2]), built, measure,
+                                hardware))
         _progress(manual[-1])
-    best = best_manual(manual, memory_bytes)
+    best = best_manual(manual, _memory_bytes(hardware))
     best.best = True
     by_name = {r.schedule: r for r in manual}
     autos = []
     for s in searchers:
-        for name, (schedule, ref) in auto_schedules(s, seconds).items():
+        for name, (schedule, ref) in auto_schedules(s, seconds, hardware).items():
             ref = ref if ref in by_name else best.schedule
             try:
-                autos.append(partition(model, name, schedule, built, measure, searcher=s,
-                                       reference=ref))
+                autos.append(partition(model, name, schedule, built, measure, hardware,
+                                       searcher=s, reference=ref))
             except Exception as e:  # one searcher's failure is a result, not the end
                 autos.append(Row(model.name, name, True, math.nan, 0, math.nan, ref, s,
                                  error=f"{type(e).__name__}: {e}".splitlines()[0][:160]))
@@ -412,7 +415,7 @@ def section(rows: list[Row], models: list[Model], searchers: list[str], args,
 
     argv = (f"--models {' '.join(args.models)} --seconds {args.seconds:g} --runs {args.runs} "
             f"--measure {' '.join(args.measure)} --searchers {' '.join(searchers)}"
-            + (f" --hardware {args.hardware}" if args.hardware != "a100-40gb" else ""))
+            + (f" --hardware {args.hardware}" if args.hardware != HARDWARE else ""))
     lines = [
         HEADING,
         "",
@@ -421,8 +424,8 @@ def section(rows: list[Row], models: list[Model], searchers: list[str], args,
         "",
         f"Setup: mesh {MESH} of 8 virtual CPU devices (jax {jax.__version__}, "
         f"{platform.machine()}, {os.cpu_count()} cores shared with other work); estimates by "
-        f"the analytical simulator on `{HARDWARE}` (`partir_plugin.jit(..., "
-        f'hardware="{HARDWARE}"`). Models (train steps: forward, backward, Adam): '
+        f"the analytical simulator on `{args.hardware}` (`partir_plugin.jit(..., "
+        f'hardware="{args.hardware}"`). Models (train steps: forward, backward, Adam): '
         + "; ".join(m.desc for m in models) + ".",
         "",
         "- Manual schedules from the presets: BP (batch), MP (the model's Megatron rule: "
@@ -434,7 +437,7 @@ def section(rows: list[Row], models: list[Model], searchers: list[str], args,
         f"- Automatic, per installed searcher ({', '.join(searchers)}): "
         '`AutomaticPartition(["batch", "model"], searcher=S, seconds=...)` against the best '
         'manual schedule, and `[BP, AutomaticPartition(["model"], ...)]` against BP+MP, options '
-        f'`{{"seed": 0, "progress": False, "hardware": "{HARDWARE}"}}`, a budget of '
+        f'`{{"seed": 0, "progress": False, "hardware": "{args.hardware}"}}`, a budget of '
         f"{args.seconds:g} s each (checked between iterations, so a search overruns by up to one "
         "iteration).",
         "- sim. runtime / peak: the final report row (`meta.tactics[-1]`); \"(over)\": above "
@@ -454,19 +457,19 @@ def section(rows: list[Row], models: list[Model], searchers: list[str], args,
         "",
         "All schedules:",
         "",
-        *table(rows, _memory_bytes()),
+        *table(rows, _memory_bytes(args.hardware)),
         "",
-        *analysis(rows, _memory_bytes()),
+        *analysis(rows, _memory_bytes(args.hardware)),
         harness.ANALYSIS_MARKER,
         "",
     ]
     return "\n".join(lines)
 
 
-def _memory_bytes() -> int:
+def _memory_bytes(hardware: str) -> int:
     from partir_plugin.simulation import resolve_hardware
 
-    return resolve_hardware(HARDWARE).memory_bytes
+    return resolve_hardware(hardware).memory_bytes
 
 
 # ----------------------------------------------------------------------------- main
@@ -474,7 +477,6 @@ def _memory_bytes() -> int:
 
 def run(argv: list[str] | None = None) -> tuple[list[Row], str]:
     """Run the benchmark; (rows, section text). The section is written unless --no-write."""
-    global HARDWARE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=MODELS)
     parser.add_argument("--measure", nargs="*", default=list(DEFAULT_MEASURE),
@@ -492,7 +494,6 @@ def run(argv: list[str] | None = None) -> tuple[list[Row], str]:
                              "times)")
     harness.add_output_args(parser)
     args = parser.parse_args(argv)
-    HARDWARE = args.hardware
     t0 = time.perf_counter()
 
     from partir_plugin.kernel import searchers as installed
@@ -504,12 +505,11 @@ def run(argv: list[str] | None = None) -> tuple[list[Row], str]:
         parser.error(f"unknown searcher(s) {unknown}; installed: {available}")
     if any(m in args.measure for m in args.models) and not harness.has_devices(8):
         raise SystemExit(1)
-    memory = _memory_bytes()
     models = [MODELS[m]() for m in args.models]
     rows: list[Row] = []
     for model in models:
         rows += bench_model(model, searchers, args.seconds, args.runs,
-                            model.name in args.measure, memory)
+                            model.name in args.measure, args.hardware)
     args.searchers = searchers
     text = section(rows, models, searchers, args, time.perf_counter() - t0)
     harness.publish(HEADING, text, args.output, write=not args.no_write)
