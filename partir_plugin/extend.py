@@ -13,7 +13,8 @@ What is here, by the hook that needs it:
   `Leaf`, `ManualPartition` and the selector constants.
 - `partir_add_tmr_rules`: `TileMappingRegistry`, `TMREntry`, `Sum`, the IR (`Op`, `Value`,
   `TensorType`), and the rule helpers the built-in rules share (`entries_from_shardy`,
-  `splat_value`, `lookup_dim`).
+  `splat_value`, `lookup_dim`), and the verifier that runs a rule's entries on tiles and
+  compares them with the op run whole (`verify_rule`, `verify_entry`, `verify_registry`).
 - `partir_add_searchers`: `Budget`, `SearchResult`, `PartitionState` (copy, `tile_value`,
   `can_tile`), `propagate`, `lower_to_spmd` (-> `SpmdProgram`; a `LoweringCache` reuses the
   device-local code of states that share it), `simulate`,
@@ -52,15 +53,24 @@ from .simulation import (
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+from .tmr_verifier import (
+    EntryVerdict,
+    VerificationReport,
+    verify_entry,
+    verify_registry,
+    verify_rule,
+)
 
 __all__ = [
-    "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective",
+    "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective", "EntryVerdict",
     "CollectiveCost", "Decision", "DecisionKind", "FrozenPartition", "Func", "HardwareSpec", "Leaf",
     "LinkClass", "LoweringCache", "ManualPartition", "Mesh",
     "Op", "Override", "PartitionError", "PartitionState", "PluginError", "Region",
     "SearchResult", "SimulationResult", "Simulator", "SpmdProgram", "Sum", "TMREntry",
+    "VerificationReport",
     "TacticContext", "TensorType", "TileMappingRegistry", "UnknownNameError", "Value",
     "collective_axes", "collective_kind", "entries_from_shardy", "hookimpl", "lookup_dim",
     "lower_to_spmd", "override", "parse_mesh", "propagate", "resolve_hardware",
-    "resolve_simulator", "simulate", "splat_value",
+    "resolve_simulator", "simulate", "splat_value", "verify_entry", "verify_registry",
+    "verify_rule",
 ]

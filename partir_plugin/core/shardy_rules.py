@@ -159,6 +159,48 @@ def _grouped_convolution(op: Op) -> bool:
                for k in ("feature_group_count", "batch_group_count"))
 
 
+def _window_reduction_halos(op: Op) -> frozenset[int]:
+    """The lhs spatial dimensions of a convolution whose window-size factor Shardy marks as a
+    reduction but which are not one: tiling them sums products of misaligned rows.
+
+    Shardy gives a spatial dimension a reduction factor shared by the lhs and the kernel
+    (`addSpatialFactor(windowSize, isContracting)` in its registry, with a TODO that such a
+    factor "also needs permutation (halo-swap)"). It ignores padding, dilation and reversal,
+    and that the output may hold several windows: a weight-gradient convolution (lhs = image,
+    kernel = output gradient, output = kernel size) with SAME padding gets an entry that tiles
+    the image and the output gradient alike and sums, although each output row reads image
+    rows shifted by the padding. The sum is exact only for one window covering the whole
+    unpadded, undilated, unreversed dimension: a plain contraction."""
+    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]",
+                  op.attributes.get("dimension_numbers", ""))
+    if not m:
+        return frozenset()
+    lhs, rhs, out = ([x.strip() for x in g.split(",")] for g in m.groups())
+    spatial = [c for c in lhs if c.isdigit()]
+    pads = [int(x) for x in re.findall(r"-?\d+", op.attributes.get("padding", "").split(":")[0])]
+    if len(pads) == 1:
+        pads = pads * (2 * len(spatial))
+
+    def array(key: str) -> list[str]:
+        text = op.attributes.get(key, "")
+        return [x.strip() for x in text.split(":", 1)[1].rstrip(">").split(",")] if ":" in text \
+            else []
+
+    lhs_dil, rhs_dil, reversal = array("lhs_dilation"), array("rhs_dilation"), \
+        array("window_reversal")
+    halos = set()
+    for s, c in enumerate(spatial):
+        ld, rd, od = lhs.index(c), rhs.index(c), out.index(c)
+        exact = (op.operands[0].type.shape[ld] == op.operands[1].type.shape[rd]
+                 and op.results[0].type.shape[od] == 1
+                 and pads[2 * s: 2 * s + 2] in ([], [0, 0])
+                 and (lhs_dil[s:s + 1] in ([], ["1"])) and (rhs_dil[s:s + 1] in ([], ["1"]))
+                 and reversal[s:s + 1] in ([], ["false"]))
+        if not exact:
+            halos.add(ld)
+    return frozenset(halos)
+
+
 def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     if op.name in DENIED or op.rule is None or op.captures:
         return None
@@ -173,7 +215,13 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     indexed = (frozenset(_indexed_operand_dims(op))
                if op.name in ("stablehlo.gather", "stablehlo.scatter") else frozenset())
     entries = _entries_for_signature(op.rule, reduction, indexed)
-    return None if entries is None else list(entries)
+    if entries is None:
+        return None
+    if op.name == "stablehlo.convolution":
+        halos = _window_reduction_halos(op)
+        entries = [e for e in entries
+                   if not (e.operands[0] in halos and any(isinstance(r, Sum) for r in e.results))]
+    return list(entries)
 
 
 @functools.lru_cache(maxsize=16384)

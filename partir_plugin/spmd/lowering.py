@@ -416,8 +416,10 @@ class _Segment:
 
 
 class _Lowering:
-    def __init__(self, state: PartitionState, cache: LoweringCache | None = None):
+    def __init__(self, state: PartitionState, cache: LoweringCache | None = None,
+                 as_produced: bool = False):
         self.state = state
+        self.as_produced = as_produced
         self.mesh = state.mesh
         self.body = Block()
         self.em = _Emitter(self.mesh, self.body)
@@ -498,7 +500,7 @@ class _Lowering:
             self.lower_op(op)
         out_layouts, returns = [], []
         for v in func.returns:
-            layout = self.declared(v)
+            layout = self.local[v][1] if self.as_produced else self.declared(v)
             out_layouts.append(layout)
             returns.append(self.use(v, layout))
         if self.cache is not None:
@@ -552,7 +554,7 @@ class _Lowering:
         result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
         attrs = dict(op.attributes)
         _rewrite_attributes(op, attrs, operands, result_types)
-        regions = [_clone_region(r, env) for r in op.regions]
+        regions = [clone_region(r, env) for r in op.regions]
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
@@ -688,7 +690,7 @@ def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],
         attrs["slice_sizes"] = _i64_array(sizes)
 
 
-def _clone_region(region: Region, env: dict[Value, Value]) -> Region:
+def clone_region(region: Region, env: dict[Value, Value]) -> Region:
     out = Region()
     for block in region.blocks:
         b = Block()
@@ -696,7 +698,7 @@ def _clone_region(region: Region, env: dict[Value, Value]) -> Region:
             env[a] = b.add_arg(a.type)
         for op in block.ops:
             new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
-                     dict(op.attributes), [_clone_region(r, env) for r in op.regions])
+                     dict(op.attributes), [clone_region(r, env) for r in op.regions])
             for r, n in zip(op.results, new.results):
                 env[r] = n
             b.ops.append(new)
@@ -704,7 +706,11 @@ def _clone_region(region: Region, env: dict[Value, Value]) -> Region:
     return out
 
 
-def lower_to_spmd(state: PartitionState, cache: LoweringCache | None = None) -> SpmdProgram:
+def lower_to_spmd(state: PartitionState, cache: LoweringCache | None = None, *,
+                  as_produced: bool = False) -> SpmdProgram:
     """Lower a partitioned function to its device-local program; with a `cache` of earlier
-    lowerings of the same function, only what changed since is lowered again."""
-    return _Lowering(state, cache).run()
+    lowerings of the same function, only what changed since is lowered again.
+
+    `as_produced` returns each result in the layout its producer made it, pending sums left
+    unreduced (the TMR verifier runs one op's tiles and combines them itself)."""
+    return _Lowering(state, cache, as_produced).run()

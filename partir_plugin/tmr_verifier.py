@@ -1,0 +1,380 @@
+"""Verifying TMR entries by running them: the paper's "temporal interpretation" of loops.
+
+A TMR entry claims an equivalence: slicing the op's inputs as the entry names and running the
+op on each tile gives the tiles of the whole op's results (or partial results whose reduction
+is the whole result, for `Sum`). A wrong entry gives wrong numbers silently, wherever
+propagation chooses it, so entries are checked here, at the entry, before any program is
+partitioned: for an op, every entry is lowered exactly as a partitioned program would lower it
+(the lowering's local shapes, attribute rewrites, iota offsets and vocabulary masks), the tiles
+are run one after the other on one device, and their results are compared with the op run
+whole, in plain jax.
+
+Each entry gets a mesh axis of its own, so one probe program holds the whole op and one copy
+per entry: the device whose coordinate is `t` on every axis runs tile `t` of every entry, and
+its partition id is an argument of the probe (a "temporal" loop over t on one device). One
+compile per op, `parts` runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .core.mesh import Mesh
+from .core.state import PartitionState
+from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
+from .ir.graph import Block, Func, Op, Value, walk
+from .ir.types import TensorType, numpy_dtype_of
+from .spmd.collectives import count_collectives
+from .spmd.layout import Layout
+from .spmd.lowering import clone_region, lower_to_spmd
+
+_RULE = re.compile(r"#sdy\.op_sharding_rule<(\(.*?\)->\(.*?\))")
+# Reductions of partial results, as numpy folds over the tiles' partials.
+_COMBINE: dict[str, Callable] = {
+    "add": np.add, "max": np.maximum, "min": np.minimum, "mul": np.multiply,
+    "and": np.logical_and, "or": np.logical_or}
+# Inputs made by these producers are part of the op's meaning for its rule (a reduction's
+# identity init, a scatter into zeros): the probe keeps them as constants, not arguments.
+_KEPT_PRODUCERS = frozenset({"stablehlo.constant", "stablehlo.iota"})
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# Integer operands of these ops divide: the probe's random integers avoid zero.
+_DIVIDING = frozenset({"stablehlo.divide", "stablehlo.remainder"})
+
+
+@dataclass(frozen=True)
+class EntryVerdict:
+    """The check of one entry of one op: `ok`, or what differs (`detail`)."""
+
+    op_name: str
+    entry: TMREntry
+    parts: int
+    ok: bool
+    detail: str = ""
+    location: str | None = None
+
+    def __str__(self) -> str:
+        where = f" at {self.location}" if self.location else ""
+        state = "ok" if self.ok else f"WRONG: {self.detail}"
+        return f"{self.op_name}{where} {self.entry} in {self.parts} tiles: {state}"
+
+
+@dataclass
+class VerificationReport:
+    """Verdicts over a corpus of ops; `skipped` names ops that could not be probed, and why."""
+
+    verdicts: list[EntryVerdict] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def wrong(self) -> list[EntryVerdict]:
+        return [v for v in self.verdicts if not v.ok]
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.verdicts)} entries verified, {len(self.wrong)} wrong, "
+                 f"{len(self.skipped)} ops skipped"]
+        lines += [f"  {v}" for v in self.wrong]
+        lines += [f"  skipped {k}: {why}" for k, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+class NotProbeable(Exception):
+    """The op cannot be run alone (opaque types, side effects): nothing to verify."""
+
+
+def verify_op(op: Op, entries: Sequence[TMREntry], parts: int = 2, *, seed: int = 0
+              ) -> list[EntryVerdict]:
+    """Check each of `op`'s `entries` (those the tiled dimensions allow in `parts` tiles).
+
+    Raises `NotProbeable` for ops that cannot run alone."""
+    usable = [e for e in entries if _splits(op, e, parts)]
+    return _run([_Probe(op, usable, parts, seed)]) if usable else []
+
+
+def verify_entry(op: Op, entry: TMREntry, parts: int = 2) -> EntryVerdict:
+    """Check one entry of `op`: for plugin authors testing their own TMR rules."""
+    verdicts = verify_op(op, [entry], parts)
+    if not verdicts:
+        raise ValueError(f"entry {entry} cannot split {op.name}'s dimensions in {parts} tiles")
+    return verdicts[0]
+
+
+def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Sequence[int] = (2,),
+                    *, batch: int = 8) -> VerificationReport:
+    """Check every entry `registry` gives for each distinct op of `ops` (ops repeated with the
+    same signature, as a model's layers repeat them, are probed once). Probes run `batch` at
+    a time in one program: compiling costs more than running."""
+    report = VerificationReport()
+    seen: set = set()
+    probes: dict[int, list[_Probe]] = {p: [] for p in parts}
+    for op in ops:
+        entries = registry.entries(op)
+        if not entries:
+            continue
+        key = _signature(op, entries)
+        if key in seen:
+            continue
+        seen.add(key)
+        for p in parts:
+            usable = [e for e in entries if _splits(op, e, p)]
+            if not usable:
+                continue
+            try:
+                probes[p].append(_Probe(op, usable, p, seed=len(seen)))
+            except NotProbeable as e:
+                report.skipped[op.name] = str(e)
+    for group in probes.values():
+        for i in range(0, len(group), batch):
+            report.verdicts += _run(group[i:i + batch])
+    return report
+
+
+def _run(probes: list[_Probe]) -> list[EntryVerdict]:
+    """Run `probes` (of one tile count) in one program; compare each with its op run whole."""
+    parts = probes[0].parts
+    run = _compile([p.func for p in probes])
+    inputs = [x for p in probes for x in (np.uint32(0), *p.inputs)]
+    starts = np.cumsum([0] + [1 + len(p.inputs) for p in probes])
+    tiles = []
+    for t in range(parts):
+        for p, s in zip(probes, starts):
+            inputs[s] = np.uint32(p.device_of_tile(t))
+        tiles.append([np.asarray(o) for o in run(*inputs)])
+    verdicts, offset = [], 0
+    for p in probes:
+        n = len(p.op.results)
+        whole = tiles[0][offset: offset + n]
+        for i, entry in enumerate(p.entries):
+            lo = offset + n * (i + 1)
+            detail = _compare(entry, whole, [outs[lo: lo + n] for outs in tiles])
+            verdicts.append(EntryVerdict(p.op.name, entry, parts, detail is None, detail or "",
+                                         p.op.location))
+        offset += n * (1 + len(p.entries))
+    return verdicts
+
+
+def verify_rule(rule: Rule, fn: Callable, *args, parts: Sequence[int] = (2,)
+                ) -> VerificationReport:
+    """Check the entries `rule` gives for the ops of `jax.jit(fn).lower(*args)`: how a plugin
+    author tests a TMR rule before registering it (ops the rule returns None for are not
+    checked)."""
+    import jax
+
+    from .ir.importer import import_lowered
+
+    func = import_lowered(jax.jit(fn).lower(*args))
+    registry = TileMappingRegistry()
+    for name in {op.name for op in walk(func.ops)}:
+        registry.register(name, rule)
+    return verify_registry(walk(func.ops), registry, parts)
+
+
+def ops_of(func: Func) -> Iterable[Op]:
+    """Every op of a function, regions included: the corpus a model contributes."""
+    return walk(func.ops)
+
+
+# -- the probe -----------------------------------------------------------------------------
+
+def _splits(op: Op, entry: TMREntry, parts: int) -> bool:
+    if entry.factor_size % parts:
+        return False
+    dims = [(v, d) for v, d in zip(op.inputs, entry.operands) if d is not None]
+    dims += [(r, d) for r, d in zip(op.results, entry.results) if not isinstance(d, Sum)]
+    return all(v.type.shape[d] % parts == 0 for v, d in dims)
+
+
+def _kept(v: Value) -> bool:
+    """Is `v` made by a producer the probe keeps (a constant, possibly broadcast)?"""
+    p = v.producer
+    if p is not None and p.name == "stablehlo.broadcast_in_dim":
+        p = p.operands[0].producer
+    return p is not None and p.name in _KEPT_PRODUCERS and not p.operands
+
+
+class _Probe:
+    """`op` whole plus one copy per entry, each looped on its own mesh axis of `parts`."""
+
+    def __init__(self, op: Op, entries: list[TMREntry], parts: int, seed: int = 0):
+        for v in (*op.inputs, *op.results):
+            if not v.type.is_tensor:
+                raise NotProbeable("an operand or result is not a tensor")
+            try:
+                numpy_dtype_of(v.type.element)
+            except TypeError as e:
+                raise NotProbeable(str(e)) from None
+        self.op, self.entries, self.parts = op, entries, parts
+        self.mesh = Mesh(tuple((f"e{i}", parts) for i in range(len(entries))))
+        body = Block()
+        self.arg_sources: list[Value] = []  # the original value behind each probe argument
+        env: dict[Value, Value] = {}
+        for v in op.inputs:
+            if v in env:
+                continue
+            if _kept(v):
+                env[v] = _clone_chain(v, body, env)
+            else:
+                env[v] = body.add_arg(v.type)
+                self.arg_sources.append(v)
+        copies = [self._copy(body, env) for _ in range(1 + len(entries))]
+        returns = [r for c in copies for r in c.results]
+        func = Func("probe", body, returns)
+        state = PartitionState(func, self.mesh, TileMappingRegistry())
+        for i, (copy, entry) in enumerate(zip(copies[1:], entries)):
+            state.add_loop(copy, f"e{i}", entry)
+        self.func = lower_to_spmd(state, as_produced=True).func
+        if any(count_collectives(self.func.ops).values()):
+            raise NotProbeable("its tiles need communication when run alone")
+        _partition_id_as_argument(self.func)
+        self.inputs = _random_inputs(op, self.arg_sources, seed)
+
+    def _copy(self, body: Block, env: dict[Value, Value]) -> Op:
+        op = self.op
+        inner = dict(env)
+        regions = [clone_region(r, inner) for r in op.regions]
+        new = Op(op.name, [env[v] for v in op.operands], [r.type for r in op.results],
+                 dict(op.attributes), regions)
+        new.rule, new.captures = op.rule, [env[v] for v in op.captures]
+        body.ops.append(new)
+        return new
+
+    def device_of_tile(self, t: int) -> int:
+        """The device whose coordinate is `t` on every axis: it runs tile t of every entry."""
+        return sum(t * self.mesh.stride(a) for a in self.mesh.names)
+
+
+
+def _compile(funcs: list[Func]) -> Callable:
+    """One jitted function running `funcs` side by side on one device: their arguments and
+    results concatenated."""
+    import jax
+
+    from .ir.printer import print_func
+    from .runtime.executable import DeviceLocalFunction, jax_mesh_for
+
+    body = Block()
+    for f in funcs:
+        for a in f.body.args:
+            a.owner, a.index = body, len(body.args)
+            body.args.append(a)
+        body.ops += f.body.ops
+    merged = Func("probe", body, [v for f in funcs for v in f.returns])
+    out_avals = [jax.core.ShapedArray(v.type.shape, numpy_dtype_of(v.type.element))
+                 for v in merged.returns]
+    fn = DeviceLocalFunction(
+        "tmr_probe", print_func(merged), jax_mesh_for({"probe": 1}),
+        [Layout.replicated(a.type.rank) for a in body.args],
+        [Layout.replicated(v.type.rank) for v in merged.returns], out_avals)
+    # The probes are run a few times on small arrays: XLA's backend optimisations cost more
+    # than they save.
+    args = [jax.ShapeDtypeStruct(a.type.shape, numpy_dtype_of(a.type.element))
+            for a in body.args]
+    return jax.jit(fn).lower(*args).compile(compiler_options=_FAST_COMPILE)
+
+
+def _clone_chain(v: Value, body: Block, env: dict[Value, Value]) -> Value:
+    """Clone the (constant, maybe broadcast) producer chain of `v` into `body`."""
+    p = v.producer
+    operands = [env[u] if u in env else _clone_chain(u, body, env) for u in p.operands]
+    new = Op(p.name, operands, [r.type for r in p.results], dict(p.attributes))
+    new.rule = p.rule
+    body.ops.append(new)
+    env[v] = new.results[v.index]
+    return env[v]
+
+
+def _partition_id_as_argument(func: Func) -> None:
+    """Replace the program's partition id by a new first argument (ui32): the tile to run."""
+    device = Value(TensorType((), "ui32"), func.body, 0)
+    func.body.args.insert(0, device)
+    for i, a in enumerate(func.body.args):
+        a.index = i
+    pids = [op for op in func.ops if op.name == "stablehlo.partition_id"]
+    for op in walk(func.ops):
+        if op.name == "stablehlo.partition_id" and op not in pids:
+            raise NotProbeable("a partition id inside a region")
+    gone = {p.results[0] for p in pids}
+    for op in walk(func.ops):
+        op.operands = [device if v in gone else v for v in op.operands]
+    func.body.ops[:] = [op for op in func.ops if op not in pids]
+
+
+# -- inputs and comparison -------------------------------------------------------------------
+
+def _random_inputs(op: Op, sources: list[Value], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    bound = max([2, *(s for v in op.inputs for s in v.type.shape)])
+    out = []
+    for v in sources:
+        dtype = numpy_dtype_of(v.type.element)
+        shape = v.type.shape
+        if dtype == np.bool_:
+            out.append(rng.random(shape) < 0.5)
+        elif np.issubdtype(dtype, np.integer):
+            low = 1 if op.name in _DIVIDING else 0
+            high = min(bound, np.iinfo(dtype).max)
+            out.append(rng.integers(low, max(high, low + 1), shape).astype(dtype))
+        elif np.issubdtype(dtype, np.complexfloating):
+            out.append((rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype))
+        else:
+            out.append(rng.normal(size=shape).astype(dtype))
+    return out
+
+
+def _compare(entry: TMREntry, whole: list[np.ndarray], tiles: list[list[np.ndarray]]
+             ) -> str | None:
+    """What differs between the whole results and the tiles' results, or None."""
+    for j, action in enumerate(entry.results):
+        parts = [t[j] for t in tiles]
+        if isinstance(action, Sum):
+            combined = functools.reduce(_COMBINE[action.reduction], parts)
+        else:
+            combined = np.concatenate(parts, axis=action)
+        if combined.shape != whole[j].shape:
+            return f"result {j}: tiles make shape {combined.shape}, the op {whole[j].shape}"
+        if not _close(combined, whole[j]):
+            diff = np.abs(combined.astype(np.float64) - whole[j].astype(np.float64))
+            return (f"result {j}: largest difference {np.nanmax(diff):.4g} where the largest "
+                    f"value is {np.nanmax(np.abs(whole[j].astype(np.float64))):.4g}")
+    return None
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    if not np.issubdtype(b.dtype, np.inexact):
+        return bool(np.array_equal(a, b))
+    a64, b64 = a.astype(np.complex128 if np.iscomplexobj(b) else np.float64), \
+        b.astype(np.complex128 if np.iscomplexobj(b) else np.float64)
+    finite = np.abs(b64[np.isfinite(b64)]) if b64.size else np.zeros(1)
+    scale = max(1.0, float(finite.max()) if finite.size else 1.0)
+    eps = float(np.finfo(b.dtype).eps) if b.dtype.kind == "f" else 1e-6
+    return bool(np.allclose(a64, b64, rtol=64 * eps, atol=64 * eps * scale, equal_nan=True))
+
+
+def _pointwise(op: Op) -> bool:
+    """Does Shardy's rule give every operand and result the same factors, dimension by
+    dimension (an elementwise op)?"""
+    m = _RULE.match(op.rule or "")
+    return bool(m) and not op.regions and len(set(re.findall(r"\[[^\]]*\]", m.group(1)))) == 1
+
+def _signature(op: Op, entries: Sequence[TMREntry]) -> tuple:
+    """What makes two ops the same probe: types, attributes, region ops, kept constants."""
+    def producers(v: Value) -> tuple:
+        if not _kept(v):
+            return ()
+        p = v.producer
+        return ((p.name, tuple(sorted(p.attributes.items()))),
+                *(producers(u) for u in p.operands))
+
+    body = tuple((o.name, tuple(sorted(o.attributes.items())))
+                 for r in op.regions for b in r.blocks for o in walk(b.ops))
+    types = [v.type for v in (*op.inputs, *op.results)]
+    if _pointwise(op):  # what holds for one shape holds for all: keep ranks and elements
+        types = [(t.rank, t.element) for t in types]
+        entries = tuple(str(e) for e in entries)
+    return (op.name, tuple(types),
+            tuple(sorted(op.attributes.items())), tuple(producers(v) for v in op.inputs),
+            tuple(entries), body)
