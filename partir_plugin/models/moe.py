@@ -33,9 +33,9 @@ path                                   shape                 EP          Megatro
 ``unembed/kernel``                     ``[D, V]``            None        None
 =====================================  ====================  ==========  =================
 
-(EP: ``megatron.expert_rule``; Megatron: ``megatron.moe_rule``.) So P = 10 L + 3; with
-``Config.scan=True`` the blocks are one ``nn.scan`` module ``blocks`` whose 10 tensors carry a
-leading ``[L]`` dimension (P = 13 for any L), and :func:`~partir_plugin.models.transformer.
+(EP: ``megatron.expert_rule``; Megatron: ``megatron.moe_rule``.) So P = 9 L + 3; with
+``Config.scan=True`` the blocks are one ``nn.scan`` module ``blocks`` whose 9 tensors carry a
+leading ``[L]`` dimension (P = 12 for any L), and :func:`~partir_plugin.models.transformer.
 stack_blocks` converts unrolled params to that layout.
 
 Batch: ``{"tokens": i32[B, S], "targets": i32[B, S]}`` as for T; B is GShard's group dimension,
@@ -65,7 +65,7 @@ from partir_plugin.models.common import (
 )
 from partir_plugin.models.transformer import make_batch, stack_blocks
 
-BLOCK_PARAMS = 10
+BLOCK_PARAMS = 9
 """Parameter tensors per block."""
 GLOBAL_PARAMS = 3
 """Parameter tensors outside the blocks: embedding, final norm, unembedding."""
