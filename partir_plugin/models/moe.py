@@ -102,10 +102,11 @@ class Config:
     @classmethod
     def paper(cls, scan: bool = False) -> Config:
         """T32's attention and widths (``transformer.Config.paper``) with 8 experts per layer
-        (Mixtral 8x7B's expert count; not a configuration of the PartIR paper)."""
+        (Mixtral 8x7B's expert count; not a configuration of the PartIR paper), and batch 64
+        rather than 48 so that 32 devices (batch x expert) divide the token batch."""
         return cls(
             layers=32,
-            batch=48,
+            batch=64,
             seq_len=2048,
             vocab=32000,
             d_model=4096,
