@@ -46,13 +46,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from partir_plugin.models import transformer
 from partir_plugin.models.common import (
     Batch,
     MultiHeadAttention,
@@ -63,7 +63,6 @@ from partir_plugin.models.common import (
     init_for_training,
     init_params,
 )
-from partir_plugin.models.transformer import make_batch, stack_blocks
 
 BLOCK_PARAMS = 9
 """Parameter tensors per block."""
@@ -74,49 +73,23 @@ TOP_K = 2
 
 
 @dataclass(frozen=True)
-class Config:
-    """MoE sizes. ``ffw`` is each expert's hidden width F; ``scan`` selects ``nn.scan``.
+class Config(transformer.Config):
+    """T's sizes (``transformer.Config``; ``ffw`` is each expert's hidden width F) plus the
+    experts. The defaults are CPU-test sized: 8 sequences so the batch tiles over 8 devices, 4
+    experts so the expert dimension tiles over an expert axis of 4 (or 2 with a model axis of
+    2)."""
 
-    The defaults are CPU-test sized: 8 sequences so the batch tiles over 8 devices, 4 experts
-    so the expert dimension tiles over an expert axis of 4 (or 2 with a model axis of 2).
-    """
-
-    layers: int = 2
     batch: int = 8
-    seq_len: int = 8
-    vocab: int = 32
-    d_model: int = 16
-    heads: int = 2
-    head_dim: int = 8
-    ffw: int = 32
     experts: int = 4
     capacity_factor: float = 1.25
     aux_loss_weight: float = 0.01
-    learning_rate: float = 1e-2
-    scan: bool = False
-
-    @classmethod
-    def small(cls, layers: int = 2, scan: bool = False) -> Config:
-        return cls(layers=layers, scan=scan)
 
     @classmethod
     def paper(cls, scan: bool = False) -> Config:
-        """T32's attention and widths (``transformer.Config.paper``) with 8 experts per layer
-        (Mixtral 8x7B's expert count; not a configuration of the PartIR paper), and batch 64
-        rather than 48 so that 32 devices (batch x expert) divide the token batch."""
-        return cls(
-            layers=32,
-            batch=64,
-            seq_len=2048,
-            vocab=32000,
-            d_model=4096,
-            heads=32,
-            head_dim=128,
-            ffw=10880,
-            experts=8,
-            learning_rate=1e-4,
-            scan=scan,
-        )
+        """T32 (``transformer.Config.paper``) with 8 experts per layer (Mixtral 8x7B's expert
+        count; not a configuration of the PartIR paper), and batch 64 rather than 48 so that 32
+        devices (batch x expert) divide the token batch."""
+        return replace(super().paper(scan), batch=64, experts=8)
 
     @property
     def capacity(self) -> int:
@@ -211,10 +184,6 @@ class Block(nn.Module):
         return x + y, aux
 
 
-def _scan_body(block: Block, x: jax.Array, _: Any) -> tuple[jax.Array, jax.Array]:
-    return block(x)
-
-
 class MoETransformer(nn.Module):
     """Returns the logits ``[B, S, V]`` and the mean load-balancing loss over layers."""
 
@@ -224,23 +193,10 @@ class MoETransformer(nn.Module):
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
         cfg = self.config
         x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
-        if cfg.scan:
-            scanned = nn.scan(
-                _scan_body,
-                variable_axes={"params": 0},
-                split_rngs={"params": True},
-                length=cfg.layers,
-            )
-            x, auxes = scanned(Block(cfg, name="blocks"), x, None)
-            aux = jnp.mean(auxes)
-        else:
-            total = jnp.zeros((), x.dtype)
-            for i in range(cfg.layers):
-                x, layer_aux = Block(cfg, name=f"Block_{i}")(x)
-                total = total + layer_aux
-            aux = total / cfg.layers
+        x, auxes = transformer.apply_blocks(lambda name: Block(cfg, name=name), cfg.layers,
+                                            cfg.scan, x)
         x = nn.RMSNorm(name="norm_final")(x)
-        return nn.Dense(cfg.vocab, use_bias=False, name="unembed")(x), aux
+        return nn.Dense(cfg.vocab, use_bias=False, name="unembed")(x), jnp.mean(auxes)
 
 
 def loss_fn(config: Config, params: PyTree, batch: Batch) -> jax.Array:
@@ -256,9 +212,9 @@ def init(config: Config, rng: jax.Array) -> tuple[PyTree, PyTree, Batch]:
 
     def params_for(key: jax.Array, batch: Batch) -> PyTree:
         params = init_params(MoETransformer(replace(config, scan=False)), key, batch["tokens"])
-        return stack_blocks(params, config.layers) if config.scan else params
+        return transformer.stack_blocks(params, config.layers) if config.scan else params
 
-    return init_for_training(config, rng, make_batch, params_for)
+    return init_for_training(config, rng, transformer.make_batch, params_for)
 
 
 def make_train_step(config: Config) -> TrainStep:
