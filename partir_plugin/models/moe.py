@@ -18,20 +18,20 @@ GShard partitions, so that expert parallelism is a matter of tiling, not of rewr
 
 Parameter tensors (``Config.scan=False``), paths relative to ``params``:
 
-=====================================  ====================  ==========  =================
-path                                   shape                 EP          Megatron
-=====================================  ====================  ==========  =================
-``embed/embedding``                    ``[V, D]``            None        None
-``Block_{i}/norm_attn/scale``          ``[D]``               None        None
-``Block_{i}/attn/query|key|value/kernel`` ``[D, H, Dh]``     None        1 (heads)
-``Block_{i}/attn/out/kernel``          ``[H, Dh, D]``        None        0 (heads)
-``Block_{i}/norm_moe/scale``           ``[D]``               None        None
-``Block_{i}/moe/router/kernel``        ``[D, E]``            None        None
-``Block_{i}/moe/up/kernel``            ``[E, D, F]``         0 (experts) 2 (hidden)
-``Block_{i}/moe/down/kernel``          ``[E, F, D]``         0 (experts) 1 (hidden)
-``norm_final/scale``                   ``[D]``               None        None
-``unembed/kernel``                     ``[D, V]``            None        None
-=====================================  ====================  ==========  =================
+===========================================  ==============  ===========  ==========
+path                                         shape           EP           Megatron
+===========================================  ==============  ===========  ==========
+``embed/embedding``                          ``[V, D]``      None         None
+``Block_{i}/norm_attn/scale``                ``[D]``         None         None
+``Block_{i}/attn/{query,key,value}/kernel``  ``[D, H, Dh]``  None         1 (heads)
+``Block_{i}/attn/out/kernel``                ``[H, Dh, D]``  None         0 (heads)
+``Block_{i}/norm_moe/scale``                 ``[D]``         None         None
+``Block_{i}/moe/router/kernel``              ``[D, E]``      None         None
+``Block_{i}/moe/up/kernel``                  ``[E, D, F]``   0 (experts)  2 (hidden)
+``Block_{i}/moe/down/kernel``                ``[E, F, D]``   0 (experts)  1 (hidden)
+``norm_final/scale``                         ``[D]``         None         None
+``unembed/kernel``                           ``[D, V]``      None         None
+===========================================  ==============  ===========  ==========
 
 (EP: ``megatron.expert_rule``; Megatron: ``megatron.moe_rule``.) So P = 9 L + 3; with
 ``Config.scan=True`` the blocks are one ``nn.scan`` module ``blocks`` whose 9 tensors carry a
