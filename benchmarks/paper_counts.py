@@ -1,6 +1,6 @@
 """Table 2 at the paper's sizes: collectives per schedule for T32 and IT32, with estimates.
 
-    .venv/bin/python benchmarks/paper_counts.py [--no-write]
+    .venv/bin/python benchmarks/paper_counts.py [--no-write] [--models MoE32]
 
 Traces the paper-size models abstractly (no weights are allocated: `jax.eval_shape`), applies
 each schedule of appendix A.6 on the mesh {batch: 16, model: 2} (32 devices, Table 1's TPU
@@ -8,8 +8,9 @@ mesh; nothing runs, so no devices are needed) and prints, per schedule, the coll
 final device-local program next to the paper's Table 2, the partitioning time and the
 simulator's runtime and peak-memory estimates on TPUv3. Counts are given statically (each
 collective op once) and dynamically (a collective in IT's decode loop once per iteration,
-which is how the paper counts IT32). Writes the section "## Collective counts at the paper's
-sizes" of docs/BENCHMARKS.md. About 1 minute on 2 cores.
+which is how the paper counts IT32). MoE32, a mixture of experts of T32's size (not in the
+paper), runs BP+EP and BP+EP+MP on 32-device meshes with an expert axis. Writes the section
+"## Collective counts at the paper's sizes" of docs/BENCHMARKS.md. About 1 minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import jax
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.ir.graph import Op
-from partir_plugin.models import inference_transformer, megatron, transformer
+from partir_plugin.models import inference_transformer, megatron, moe, transformer
 from partir_plugin.pipeline import apply_schedule, trace
 from partir_plugin.spmd.collectives import COUNTED_KINDS, collective_kind
 
 COMMAND = ".venv/bin/python benchmarks/paper_counts.py"
 HEADING = "## Collective counts at the paper's sizes"
 MESH = {"batch": 16, "model": 2}
+# MoE32's schedules need an expert axis: 32 devices as well, 8 experts per device group.
+MOE_MESHES = {"BP+EP": {"batch": 4, "expert": 8}, "BP+EP+MP": {"batch": 2, "expert": 8, "model": 2}}
 HARDWARE = "tpu-v3"
 KINDS = COUNTED_KINDS[:4]  # AG, AR, RS, A2A: Table 2's columns
 
@@ -45,6 +48,10 @@ PAPER = {
 
 
 def schedules(model: str) -> dict[str, list]:
+    if model == "MoE32":
+        bp, ep = partir.tactic("BP", axis="batch"), partir.tactic("EP", megatron.expert_rule)
+        return {"BP+EP": [bp, ep],
+                "BP+EP+MP": [bp, ep, partir.tactic("MP", rule=megatron.moe_rule, axis="model")]}
     mp = partir.tactic("MP", rule=megatron.transformer_rule, axis="model")
     if model == "T32":
         bp, z2, z3 = (partir.tactic(t, axis="batch") for t in ("BP", "Z2", "Z3"))
@@ -78,26 +85,48 @@ def counts(ops: list[Op], trips: int = 1) -> tuple[int, ...]:
     return tuple(total[k] for k in KINDS)
 
 
-def models():
+def models(names: list[str]):
+    """(name, function, abstract args, decode-loop trips) of the models in `names`."""
+    if "T32" in names:
+        yield from _t32()
+    if "IT32" in names:
+        yield from _it32()
+    if "MoE32" in names:
+        cfg = moe.Config.paper()
+        args = jax.eval_shape(lambda: moe.init(cfg, jax.random.PRNGKey(0)))
+        yield "MoE32", moe.make_train_step(cfg), args, 1
+
+
+def _t32():
     t_cfg = transformer.Config.paper()
     t_args = jax.eval_shape(lambda: transformer.init(t_cfg, jax.random.PRNGKey(0)))
     yield "T32", transformer.make_train_step(t_cfg), t_args, 1
+
+
+IT32_TRIPS = inference_transformer.Config.paper().gen_len - 1
+"""Iterations of IT32's decode loop (after the prompt pass)."""
+
+
+def _it32():
     it_cfg = inference_transformer.Config.paper()
     it_args = jax.eval_shape(lambda: inference_transformer.init(it_cfg, jax.random.PRNGKey(0)))
-    yield "IT32", inference_transformer.make_serve(it_cfg), it_args, it_cfg.gen_len - 1
+    yield "IT32", inference_transformer.make_serve(it_cfg), it_args, IT32_TRIPS
+
+
+MODELS = ("T32", "IT32", "MoE32")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="only these models' rows (default all; use with --no-write)")
     args = parser.parse_args()
-    mesh = Mesh.of(MESH)
     rows = []
-    decode_trips = 0
-    for model, fn, fn_args, trips in models():
-        decode_trips = max(decode_trips, trips)
+    for model, fn, fn_args, trips in models(args.models):
         traced = trace(fn, fn_args)
         for name, schedule in schedules(model).items():
+            mesh = Mesh.of(MOE_MESHES[name] if model == "MoE32" else MESH)
             start = time.perf_counter()
             part = apply_schedule(traced.func, traced.leaves, mesh, schedule,
                                   hardware=HARDWARE, arg_names=traced.arg_names)
@@ -106,20 +135,23 @@ def main() -> None:
             final = part.reports[-1]  # the report's first read: every tactic's row is made
             report_s = time.perf_counter() - start
             ops = part.program.func.ops
-            rows.append((model, name, counts(ops), counts(ops, trips), PAPER[model, name],
+            rows.append((model, name, counts(ops), counts(ops, trips), PAPER.get((model, name)),
                          seconds, report_s, final.estimated_runtime_s,
                          final.estimated_peak_memory_bytes))
             print(model, name, rows[-1][2:], flush=True)
 
-    def fmt(c: tuple[int, ...]) -> str:
-        return " / ".join(map(str, c))
+    def fmt(c: tuple[int, ...] | None) -> str:
+        return "-" if c is None else " / ".join(map(str, c))
 
     lines = [
         HEADING, "",
         f"Command: `{COMMAND}` (about 1 minute). T32 = `transformer.Config.paper()` "
         f"(train step: forward, backward, Adam), IT32 = `inference_transformer.Config.paper()` "
-        f"(prompt pass of 512 tokens, then a decode loop of {decode_trips} iterations); "
-        f"mesh {MESH} (32 devices, not run: traced abstractly and partitioned); estimates on "
+        f"(prompt pass of 512 tokens, then a decode loop of {IT32_TRIPS} iterations); "
+        "MoE32 = `moe.Config.paper()` (T32's sizes, 8 experts per layer, top-2, batch 64; "
+        f"train step); mesh {MESH}, for MoE32 {MOE_MESHES['BP+EP']} (BP+EP) and "
+        f"{MOE_MESHES['BP+EP+MP']} (BP+EP+MP) "
+        "(32 devices, not run: traced abstractly and partitioned); estimates on "
         f"`{HARDWARE}`. Counts are AG / AR / RS / A2A of the final program of each schedule; "
         "'dynamic' counts a collective in the decode loop once per iteration, as Table 2 does "
         "for IT32. Partitioning s: the schedule (every tactic with propagation) and the "

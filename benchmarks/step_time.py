@@ -1,11 +1,13 @@
 """Step time, memory and partitioning time of `partir_plugin.jit` against `jax.jit` (GSPMD/Shardy).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python benchmarks/step_time.py
-    (or `make bench-step-time`; options: --runs 15 --compile-reps 2 --no-write)
+    (or `make bench-step-time`; options: --runs 15 --compile-reps 2 --no-write --models moe)
 
 On 8 virtual CPU devices as the mesh {batch: 4, model: 2}, for the transformer
 (`partir_plugin/models/transformer.py`) and the MLP example (`partir_plugin/examples/mlp.py`), each
-with the schedules BP, BP+MP and BP+MP+Z3 (the presets), it measures
+with the schedules BP, BP+MP and BP+MP+Z3 (the presets), and for the mixture of experts
+(`partir_plugin/models/moe.py`) with BP+EP on {batch: 2, expert: 4} and BP+EP+MP on
+{batch: 2, expert: 2, model: 2}, it measures
 
 - ours: `step, meta = partir_plugin.jit(train_step, mesh, schedule)`; partitioning + compile
   time of `step.lower(*args)` (and, within it, the time spent in `pipeline.trace` +
@@ -40,6 +42,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import harness  # noqa: E402,F401  (before jax: 8 CPU devices, repo root on sys.path)
 
@@ -50,6 +53,9 @@ COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python 
 HEADING = "## Step time, memory and partitioning time vs jax.jit (GSPMD)"
 MESH = (("batch", 4), ("model", 2))
 SCHEDULES = ("BP", "BP+MP", "BP+MP+Z3")
+# The MoE's schedules need an expert axis: each has its own 8-device mesh.
+MOE_MESHES = {"BP+EP": (("batch", 2), ("expert", 4)),
+              "BP+EP+MP": (("batch", 2), ("expert", 2), ("model", 2))}
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 SHORT_HLO = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
              "collective-permute": "CP"}
@@ -62,9 +68,18 @@ _HLO_OP = re.compile(r"=\s*\S.*?\s(" + "|".join(KINDS) + r")(-start)?\(")
 # ----------------------------------------------------------------------------- the models
 
 
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """A model's parameter rules for the presets that take one: MP's Megatron rule and, for a
+    mixture of experts, EP's expert rule."""
+
+    mp: Callable[[str, tuple], int | None]
+    ep: Callable[[str, tuple], int | None] | None = None
+
+
 def transformer_model():
-    """(description, build) where build() -> (train_step, args, mp_rule); a fresh train-step
-    function on every call."""
+    """(name, description, build) where build() -> (train_step, args, Rules); a fresh
+    train-step function on every call."""
     import jax
 
     from partir_plugin.models import megatron, transformer
@@ -74,7 +89,7 @@ def transformer_model():
     args = transformer.init(config, jax.random.PRNGKey(0))
 
     def build():
-        return transformer.make_train_step(config), args, megatron.transformer_rule
+        return transformer.make_train_step(config), args, Rules(megatron.transformer_rule)
 
     desc = (f"transformer L{config.layers} d{config.d_model} h{config.heads}x{config.head_dim} "
             f"f{config.ffw} v{config.vocab} b{config.batch} s{config.seq_len}")
@@ -93,7 +108,7 @@ def demo_model():
     args = transformer.init(config, jax.random.PRNGKey(0))
 
     def build():
-        return transformer.make_train_step(config), args, megatron.transformer_rule
+        return transformer.make_train_step(config), args, Rules(megatron.transformer_rule)
 
     return "demo transformer", "the README demo's transformer (L4 d64, b8 s16)", build
 
@@ -107,18 +122,50 @@ def mlp_model():
     args = mlp.init(model, optimizer, batch_size=512, features=256)
 
     def build():
-        return mlp.make_train_step(model, optimizer), args, mlp.megatron_rule
+        return mlp.make_train_step(model, optimizer), args, Rules(mlp.megatron_rule)
 
     return "mlp", "MLP 4 layers h512, 256 features, batch 512 (Adam)", build
 
 
-def schedule_for(name: str, mp_rule) -> list:
+def moe_model():
+    """The mixture of experts (`models/moe.py`): 4 experts of width 512 per layer, top-2."""
+    import jax
+
+    from partir_plugin.models import megatron, moe
+
+    config = dataclasses.replace(moe.Config.small(layers=4), batch=16, seq_len=32, vocab=512,
+                                 d_model=128, heads=4, head_dim=32, ffw=512)
+    args = moe.init(config, jax.random.PRNGKey(0))
+
+    def build():
+        return (moe.make_train_step(config), args,
+                Rules(megatron.moe_rule, ep=megatron.expert_rule))
+
+    desc = (f"MoE L{config.layers} d{config.d_model} h{config.heads}x{config.head_dim} "
+            f"{config.experts} experts f{config.ffw} (top-2, capacity "
+            f"{config.capacity}) v{config.vocab} b{config.batch} s{config.seq_len}")
+    return "moe", desc, build
+
+
+def schedule_for(name: str, rules: Rules) -> list:
     import partir_plugin as partir
 
-    tactics = {"BP": partir.tactic("BP", axis="batch"),
-               "MP": partir.tactic("MP", rule=mp_rule, axis="model"),
-               "Z3": partir.tactic("Z3", axis="batch")}
-    return [tactics[t] for t in name.split("+")]
+    tactics = {"BP": lambda: partir.tactic("BP", axis="batch"),
+               "MP": lambda: partir.tactic("MP", rule=rules.mp, axis="model"),
+               "Z3": lambda: partir.tactic("Z3", axis="batch"),
+               "EP": lambda: partir.tactic("EP", rules.ep, axis="expert")}
+    return [tactics[t]() for t in name.split("+")]
+
+
+def make_mesh(axes: tuple[tuple[str, int], ...]):
+    """A jax Mesh over the first 8 devices with Auto axes: the peer is jax.jit with
+    NamedShardings as GSPMD/Shardy users write it (on Explicit axes jax's sharding-in-types
+    rejects the transformer's embedding gather)."""
+    import jax
+
+    return jax.make_mesh(tuple(s for _, s in axes), tuple(n for n, _ in axes),
+                         devices=jax.devices()[:8],
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -209,10 +256,10 @@ def mem_bytes(stats) -> int:
 def compile_ours(build, schedule_name, mesh, side: Side):
     import partir_plugin as partir
 
-    train_step, args, rule = build()
+    train_step, args, rules = build()
     start = time.perf_counter()
     with _PartitionTimer() as timer:
-        step, meta = partir.jit(train_step, mesh, schedule_for(schedule_name, rule))
+        step, meta = partir.jit(train_step, mesh, schedule_for(schedule_name, rules))
         compiled = step.lower(*args).compile()
     side.compile_s.append(time.perf_counter() - start)
     side.partition_s.append(timer.total)
@@ -360,13 +407,15 @@ def section(cases: list[Case], models: dict[str, str], runs: int, reps: int,
         f"Command: `make bench-step-time` (runs `{COMMAND}`; this run: `--runs {runs} "
         f"--compile-reps {reps}`, {total_s / 60:.1f} min in all).",
         "",
-        "Setup: 8 virtual CPU devices as the mesh {batch: 4, model: 2} (jax "
+        "Setup: 8 virtual CPU devices as the mesh {batch: 4, model: 2}; the MoE's BP+EP on "
+        "{batch: 2, expert: 4} and BP+EP+MP on {batch: 2, expert: 2, model: 2} (jax "
         f"{jax.__version__}, {platform.machine()}, {os.cpu_count()} cores shared with other "
         "work). Models: " + "; ".join(f"{m}: {d}" for m, d in models.items()) + ". Each a "
         "train step (forward, backward, Adam). Schedules from the presets: BP = "
         '`tactic("BP", axis="batch")`, MP = `tactic("MP", rule=..., axis="model")` '
-        "(`megatron.transformer_rule` / `examples.mlp.megatron_rule`), Z3 = "
-        '`tactic("Z3", axis="batch")`. Ours: `partir_plugin.jit(train_step, mesh, schedule)`, '
+        "(`megatron.transformer_rule` / `examples.mlp.megatron_rule` / `megatron.moe_rule`), "
+        'Z3 = `tactic("Z3", axis="batch")`, EP = `tactic("EP", megatron.expert_rule, '
+        'axis="expert")`. Ours: `partir_plugin.jit(train_step, mesh, schedule)`, '
         "a `jax.jit` of a fully manual `shard_map` around the device-local program (XLA's "
         "SPMD partitioner adds no collective). Peer: `jax.jit(train_step, "
         "in_shardings=meta.in_shardings, out_shardings=meta.out_shardings)` (the same "
@@ -489,31 +538,36 @@ def analysis(cases: list[Case]) -> list[str]:
     return lines
 
 
+MODELS: dict[str, tuple[Callable, dict[str, tuple[tuple[str, int], ...]]]] = {
+    "transformer": (transformer_model, dict.fromkeys(SCHEDULES, MESH)),
+    "mlp": (mlp_model, dict.fromkeys(SCHEDULES, MESH)),
+    "demo": (demo_model, {"BP+MP+Z3": MESH}),
+    "moe": (moe_model, MOE_MESHES),
+}
+"""Each model's builder and its schedules with their meshes, in the order the rows appear."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="timed runs per side (default 20)")
     parser.add_argument("--compile-reps", type=int, default=3,
                         help="compilations per side, the minimum is reported (default 3)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="run only these models' rows (default all; with --no-write to "
+                        "keep the other rows of docs/BENCHMARKS.md)")
     harness.add_output_args(parser)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
 
-    import jax
-
     if not harness.has_devices(8):
         return 1
-    # Auto axes: the peer is jax.jit with NamedShardings as GSPMD/Shardy users write it (on
-    # Explicit axes jax's sharding-in-types rejects the transformer's embedding gather).
-    mesh = jax.make_mesh(tuple(s for _, s in MESH), tuple(n for n, _ in MESH),
-                         devices=jax.devices()[:8],
-                         axis_types=(jax.sharding.AxisType.Auto,) * len(MESH))
     models, cases = {}, []
-    for (name, desc, build), schedules in ((transformer_model(), SCHEDULES),
-                                           (mlp_model(), SCHEDULES),
-                                           (demo_model(), ("BP+MP+Z3",))):
+    for key in args.models:
+        make_model, meshes = MODELS[key]
+        name, desc, build = make_model()
         models[name] = desc
-        for sched in schedules:
-            c = prepare(name, build, sched, mesh, args.compile_reps)
+        for sched, axes in meshes.items():
+            c = prepare(name, build, sched, make_mesh(axes), args.compile_reps)
             cases.append(c)
             print(f"{name:12s} {sched:9s} compile ours {min(c.ours.compile_s):6.2f} s "
                   f"(trace+schedule {min(c.ours.partition_s):.2f} s)  jax.jit "

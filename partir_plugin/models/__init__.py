@@ -1,4 +1,5 @@
-"""Flax (linen) + Optax versions of the PartIR paper's evaluation models (§7, appendix A.3).
+"""Flax (linen) + Optax versions of the PartIR paper's evaluation models (§7, appendix A.3),
+plus a GShard/Mixtral-style mixture of experts (``moe``) for expert parallelism.
 
 Every model module exposes the same interface so that benchmarks and tests can treat them
 uniformly:

@@ -33,9 +33,12 @@ def param_paths(tree: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[in
 
 def _fan_in(path: str, shape: tuple[int, ...]) -> int:
     """Fan-in of a kernel as Flax's ``lecun_normal`` counts it: every dim but the output one for
-    convolutions, the two heads dims of an attention output projection, else the first dim."""
+    convolutions, the two heads dims of an attention output projection, the input dim of an
+    expert kernel ``[E, in, out]`` (``moe.py``: E is a batch dim), else the first dim."""
     if len(shape) == 4 or path.endswith("attn/out/kernel"):
         return math.prod(shape[:-1])
+    if path.endswith(("moe/up/kernel", "moe/down/kernel")):
+        return shape[-2]
     return shape[0]
 
 

@@ -27,6 +27,7 @@ _QKV = re.compile(r"(^|/)attn/(query|key|value)/kernel$")
 _OUT = re.compile(r"(^|/)attn/out/kernel$")
 _UNET_CONV = re.compile(r"(^|/)(down_\d+|mid|up_\d+)_res_\d+/conv_(0|1)/kernel$")
 _MLP_HIDDEN = re.compile(r"(^|/)hidden_(\d+)/kernel$")
+_EXPERTS = re.compile(r"(^|/)moe/(up|down)/kernel$")
 
 
 def _attention(path: str, shape: tuple[int, ...]) -> int | None:
@@ -80,6 +81,24 @@ def mlp_rule(path: str, shape: tuple[int, ...]) -> int | None:
     if m is None:
         return None
     return len(shape) - 1 if int(m.group(2)) % 2 == 0 else len(shape) - 2
+
+
+def expert_rule(path: str, shape: tuple[int, ...]) -> int | None:
+    """EP for `models/moe.py`: the expert dim of ``moe/up/kernel [E, D, F]`` and
+    ``moe/down/kernel [E, F, D]`` (0; 1 under ``nn.scan``), so each device holds its experts
+    whole; router, attention, norms and embeddings -> ``None``."""
+    return len(shape) - 3 if _EXPERTS.search(path) else None
+
+
+def moe_rule(path: str, shape: tuple[int, ...]) -> int | None:
+    """Megatron MP for `models/moe.py`: attention by heads as in :func:`transformer_rule`, and
+    inside every expert its hidden units F, column-parallel in ``moe/up/kernel [E, D, F]`` (2)
+    and row-parallel in ``moe/down/kernel [E, F, D]`` (1), +1 under ``nn.scan``. It leaves the
+    expert dim to EP (:func:`expert_rule`), so the two compose on two axes."""
+    match = _EXPERTS.search(path)
+    if match:
+        return len(shape) - 1 if match.group(2) == "up" else len(shape) - 2
+    return _attention(path, shape)
 
 
 def multi_query_rule(path: str, shape: tuple[int, ...]) -> int | None:

@@ -36,6 +36,7 @@ Batch: ``{"tokens": i32[B, S], "targets": i32[B, S]}``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -135,22 +136,46 @@ class MLPBlock(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder block."""
+    """One pre-norm decoder block; returns ``(x, None)`` (no per-layer output, see
+    :func:`apply_blocks`)."""
 
     config: Config
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, None]:
         cfg = self.config
         mask = causal_mask(x.shape[1])
         h = nn.RMSNorm(name="norm_attn")(x)
         x = x + MultiHeadAttention(cfg.heads, cfg.head_dim, name="attn")(h, mask)
         h = nn.RMSNorm(name="norm_mlp")(x)
-        return x + MLPBlock(cfg.d_model, cfg.ffw, name="mlp")(h)
+        return x + MLPBlock(cfg.d_model, cfg.ffw, name="mlp")(h), None
 
 
-def _scan_body(block: Block, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
-    return block(x), None
+def _scan_body(block: nn.Module, x: jax.Array, _: Any) -> tuple[jax.Array, Any]:
+    return block(x)
+
+
+def apply_blocks(make_block: Callable[[str], nn.Module], layers: int, scan: bool,
+                 x: jax.Array) -> tuple[jax.Array, Any]:
+    """Run ``layers`` blocks ``x -> (x, out)`` in either layout :func:`stack_blocks` converts
+    between: unrolled, block i named ``Block_{i}``, or one ``nn.scan`` module ``blocks`` whose
+    parameters carry a leading ``[L]`` dimension. ``make_block(name)`` builds a block; call this
+    from a compact method (the blocks become that module's children). Returns the last ``x``
+    and the blocks' outs stacked on a leading ``[L]`` axis (MoE: each layer's auxiliary loss).
+    """
+    if scan:
+        scanned = nn.scan(
+            _scan_body,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            length=layers,
+        )
+        return scanned(make_block("blocks"), x, None)
+    outs = []
+    for i in range(layers):
+        x, out = make_block(f"Block_{i}")(x)
+        outs.append(out)
+    return x, jax.tree.map(lambda *o: jnp.stack(o), *outs)
 
 
 class Transformer(nn.Module):
@@ -160,17 +185,7 @@ class Transformer(nn.Module):
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cfg = self.config
         x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
-        if cfg.scan:
-            scanned = nn.scan(
-                _scan_body,
-                variable_axes={"params": 0},
-                split_rngs={"params": True},
-                length=cfg.layers,
-            )
-            x, _ = scanned(Block(cfg, name="blocks"), x, None)
-        else:
-            for i in range(cfg.layers):
-                x = Block(cfg, name=f"Block_{i}")(x)
+        x, _ = apply_blocks(lambda name: Block(cfg, name=name), cfg.layers, cfg.scan, x)
         x = nn.RMSNorm(name="norm_final")(x)
         return nn.Dense(cfg.vocab, use_bias=False, name="unembed")(x)
 

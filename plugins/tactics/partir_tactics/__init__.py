@@ -4,6 +4,7 @@
     MP = megatron(rule, axis="model")            # rule: (path, shape) -> dim | None
     Z3 = zero3(axis="batch")
     MQ = multi_query(axis="model")               # needs the model's attention tags
+    EP = expert_parallel(rule, axis="expert")    # rule: (path, shape) -> expert dim | None
 
 Each returns a `ManualPartition`; compose them in a schedule list.
 """
@@ -88,7 +89,23 @@ def edge_sharding(axis: str = "batch", inputs: str = "batch",
     return ManualPartition({inputs: {key: 0 for key in edges}}, axis=axis, name=name)
 
 
+def expert_parallel(rule: Callable[[str, tuple], int | None], axis: str = "expert",
+                    params: str = "params", batch: str = "batch", dim: int = 0,
+                    strict: bool = False, name: str = "EP") -> ManualPartition:
+    """EP: expert parallelism (GShard). Tile each expert parameter on the dimension
+    `rule(path, shape)` returns (its expert dimension; None for the rest), and dimension `dim`
+    (the tokens) of every leaf of the `batch` argument, both on `axis`.
+
+    Tiling the tokens too is what makes it GShard's layout rather than "experts sharded,
+    tokens replicated": every device routes its own tokens and holds its own experts, so the
+    dispatched tokens, not the expert weights, have to move between the two. A `rule` that
+    decides no parameter warns (`PartitionWarning`), or raises with `strict=True`.
+    """
+    return ManualPartition({batch: dim, params: rule}, axis=axis, name=name, strict=strict)
+
+
 @hookimpl
 def partir_add_tactics() -> dict[str, Callable[..., ManualPartition]]:
     return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
-            "EMB": embedding, "MQ": multi_query, "ES": edge_sharding}
+            "EMB": embedding, "MQ": multi_query, "ES": edge_sharding,
+            "EP": expert_parallel}
