@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core.mesh import Mesh
+from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace
@@ -116,7 +117,7 @@ class PartitionedFunction:
     user's `jax.jit`, `lax.scan` and `jax.export`); it partitions on first use per avals."""
 
     def __init__(self, fn, mesh, schedule: Sequence, donate_argnums=(), hardware=None,
-                 metadata: Metadata | None = None):
+                 metadata: Metadata | None = None, conflicts: str = "redistribute"):
         import functools
 
         import jax
@@ -128,6 +129,7 @@ class PartitionedFunction:
         self.donate = tuple([donate_argnums] if isinstance(donate_argnums, int)
                             else donate_argnums)
         self.hardware = hardware
+        self.conflicts = ConflictPolicy.of(conflicts)
         self.metadata = metadata if metadata is not None else Metadata()
         self._cache: dict[tuple, Partition] = {}
         for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -171,7 +173,8 @@ class PartitionedFunction:
             return found
         traced = trace(self.fn, args)
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
-                              hardware=self.hardware, arg_names=traced.arg_names)
+                              hardware=self.hardware, arg_names=traced.arg_names,
+                              conflicts=self.conflicts)
         program = part.program
         function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"), program.text(),
                                        self.jax_mesh, program.in_layouts, program.out_layouts,
@@ -204,8 +207,8 @@ class PartitionedFunction:
         return self._jitted(*args, **kwargs)
 
 
-def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
-        ) -> tuple[PartitionedFunction, Metadata]:
+def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
+        conflicts: str = "redistribute") -> tuple[PartitionedFunction, Metadata]:
     """Partition `fn` over `mesh` with `schedule` (a list of tactics), like `jax.jit`.
 
     Returns the partitioned callable and its `Metadata`, filled when the callable first sees
@@ -213,9 +216,15 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None
     partitioning. `hardware` (a spec, or a name or alias in any case) is resolved here, so an
     unknown name fails now, listing the known ones; None means the default spec the hardware
     plugins name (`partir_default_hardware`; host-cpu), which the report names.
+
+    `conflicts`: where an op's operands carry incompatible tilings on an axis,
+    "redistribute" (the default) keeps the op partitioned along the cheapest entry and moves
+    the operands that do not fit (each resolution is a line of the report); "stop" is PartIR's
+    strict semantics: the op stays unpartitioned on the axis and its operands are gathered.
     """
     hardware = resolve_hardware_option(hardware)
-    f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware)
+    f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware,
+                            conflicts=conflicts)
     return f, f.metadata
 
 

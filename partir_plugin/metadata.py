@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .ir.types import format_bytes
 from .search import SearchResult
 from .spmd.collectives import COUNTED_KINDS, Collective
 
@@ -29,18 +30,14 @@ class TacticReport:
     actions: list[str] = field(default_factory=list)
     # What an automatic tactic's search found (decisions, costs, effort); None for others.
     search: SearchResult | None = None
+    # Conflicts resolved by redistribution so far (op, location, entry, moves, bytes).
+    resolutions: list[str] = field(default_factory=list)
 
 
 
 
 def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
+    return "-" if n is None else format_bytes(n)
 
 
 def _fmt_gflop(f) -> str:
@@ -174,7 +171,11 @@ class Metadata:
         if last.unsupported_ops:
             out.append("ops without a TMR rule, kept replicated: " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(last.unsupported_ops.items())))
+        shown = 0
         for t in self.tactics:
+            for r in t.resolutions[shown:]:
+                out.append(f"resolved after {t.name}: {r}")
+            shown = len(t.resolutions)
             for c in t.conflicts[:5]:
                 out.append(f"conflict after {t.name}: {c}")
             if len(t.conflicts) > 5:

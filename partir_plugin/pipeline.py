@@ -14,6 +14,7 @@ from typing import Any
 from .core.actions import Leaf, TacticContext
 from .core.mesh import Mesh
 from .core.propagation import propagate
+from .core.resolution import ConflictPolicy
 from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry
 from .errors import PartitionError, UnknownNameError
@@ -193,27 +194,32 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
     runtime, peak, flops = estimate(program, hardware, memo)
     return TacticReport(name, dict(program.counts), runtime, peak, flops,
                         [str(c) for c in state.conflicts], dict(state.unsupported),
-                        list(actions or []), search)
+                        list(actions or []), search, [str(r) for r in state.resolutions])
 
 
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
                    registry: TileMappingRegistry | None = None,
-                   arg_names: list[str] | None = None) -> Partitioned:
+                   arg_names: list[str] | None = None,
+                   conflicts: str | ConflictPolicy = ConflictPolicy.REDISTRIBUTE
+                   ) -> Partitioned:
     """Apply each tactic then `propagate`, and lower the final state to the device-local
     program. The per-tactic report rows are made when first read (`TacticReports`); an unknown
     `hardware` name fails here, not then."""
     from .simulation import resolve_hardware_option
 
     hardware = resolve_hardware_option(hardware)
+    policy = ConflictPolicy.of(conflicts)
     with gc_paused():
-        return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names)
+        return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
+                               policy)
 
 
-def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names
+def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names, policy
                     ) -> Partitioned:
     from .kernel import default_registry
 
-    state = PartitionState(func, mesh, registry or default_registry())
+    state = PartitionState(func, mesh, registry or default_registry(),
+                           resolve_conflicts=policy is ConflictPolicy.REDISTRIBUTE)
     after = []
     for tactic in schedule:
         if hasattr(tactic, "reserve"):

@@ -218,7 +218,9 @@ def assert_spmd_collectives(text: str) -> None:
 
 def _all_kinds_program():
     """A schedule whose program has every collective kind and per-device offsets (iota,
-    all_slice): the multi-axis edge goes through the planner (an all_permute)."""
+    all_slice): the multi-axis edge goes through the planner (an all_permute). PartIR's strict
+    conflicts keep the gather at `x + y.T` (x and y tiled alike on "a"), which would
+    otherwise be resolved by an all_to_all."""
     def fn(x, y):
         rows = jax.lax.broadcasted_iota(jnp.float32, x.shape, 0)
         return jnp.tanh(x + y.T) * rows, jnp.sum(x, axis=0)
@@ -227,7 +229,7 @@ def _all_kinds_program():
     y = jnp.cos(x)
     mp = partir.ManualPartition
     schedule = [mp({"x": 0, "y": 0}, axis="a"), mp({"x": 0}, axis="b"), mp({"x": 1}, axis="c")]
-    step, meta = partir.jit(fn, {"a": 2, "b": 2, "c": 2}, schedule)
+    step, meta = partir.jit(fn, {"a": 2, "b": 2, "c": 2}, schedule, conflicts="stop")
     return fn, step, meta, (x, y)
 
 

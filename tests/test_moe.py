@@ -105,6 +105,11 @@ def test_scan_variant_matches_unrolled(step_and_reference) -> None:
     np.testing.assert_allclose(unrolled, scanned, rtol=1e-6)
 
 
+def _assert_close(out, reference) -> None:
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(reference), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=5e-6)
+
+
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_schedules_match_jax_jit(step_and_reference, name: str) -> None:
     """Loss, Adam state (the gradients and their squares after one step) and the updated
@@ -112,9 +117,7 @@ def test_schedules_match_jax_jit(step_and_reference, name: str) -> None:
     train_step, args, reference = step_and_reference
     mesh, schedule = SCHEDULES[name]
     step, meta = partir.jit(train_step, mesh, schedule)
-    out = step(*args)
-    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(reference), strict=True):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=5e-6)
+    _assert_close(step(*args), reference)
     assert [t.name for t in meta.tactics] == name.split("+")
     assert meta.tactics[-1].unsupported_ops == {}
 
@@ -131,13 +134,52 @@ def test_ep_preset_is_the_manual_partition_it_documents() -> None:
                           "reduce_scatter": 0, "all_to_all": 0, "all_permute": 0}, 0)
 
 
-@pytest.mark.xfail(reason="issue 19 part 1: conflicts at the expert FFN are still resolved by "
-                          "gathering on the expert axis, not by all_to_alls", strict=False)
-def test_bp_ep_moves_tokens_not_experts() -> None:
-    """GShard's plan: all_to_alls carry the dispatched tokens to their experts and back, and no
-    all_gather appears (BP alone has none, so any would be EP's, on the expert axis)."""
-    (_, _), (ep, conflicts) = _counts([BP, EP], EP_MESH)
-    assert ep["all_gather"] == 0 and ep["all_to_all"] >= 2 * CONFIG.layers and conflicts == 0
+def test_bp_ep_moves_tokens_not_experts(step_and_reference) -> None:
+    """GShard's plan: one all_to_all carries the dispatched tokens to their experts and one
+    brings them back, per layer, and the backward pass mirrors them; no all_gather (BP alone
+    has none, so any would be EP's, on the expert axis), in our report and in the HLO XLA
+    compiles, and jax.jit's numbers."""
+    from test_jit import hlo_collective_counts
+
+    (bp, _), (ep, conflicts) = _counts([BP, EP], EP_MESH)
+    assert ep["all_gather"] == 0 and conflicts == 0
+    assert ep["all_to_all"] == 4 * CONFIG.layers  # 2 forward + their 2 transposes
+    assert ep["all_reduce"] == bp["all_reduce"]  # expert weights' gradients stay local
+    train_step, args, reference = step_and_reference
+    step, meta = partir.jit(train_step, EP_MESH, [BP, EP])
+    _assert_close(step(*args), reference)
+    options = {"xla_disable_hlo_passes": "all-reduce-combiner,cpu-all-reduce-combiner,"
+                                         "all-gather-combiner,reduce-scatter-combiner"}
+    hlo = step.lower(*args).jax_lowered.compile(options).as_text()
+    assert hlo_collective_counts(hlo) == meta.tactics[-1].collectives
+    # Each resolution is a line of the report: the op, where, the entry and what moved.
+    report = meta.report()
+    assert "resolved after EP: stablehlo.dot_general at " in report
+    assert "moe/up/egcd,edf->egcf" in report and "all_to_all" in report
+
+
+def test_two_layers_two_all_to_alls_each() -> None:
+    config = dataclasses.replace(CONFIG, layers=2)
+    args = jax.eval_shape(lambda: moe.init(config, jax.random.key(0)))
+    traced = trace(moe.make_train_step(config), args)
+    part = apply_schedule(traced.func, traced.leaves, Mesh.of(EP_MESH), [BP, EP],
+                          arg_names=traced.arg_names)
+    ep = part.reports[-1]
+    assert ep.collectives["all_to_all"] == 8 and ep.collectives["all_gather"] == 0
+    assert not ep.conflicts
+
+
+def test_strict_conflicts_restore_partirs_plan(step_and_reference) -> None:
+    """conflicts="stop" is PartIR's semantics: propagation stops at the conflicts and the
+    expert FFN's operands are gathered (today's plan before issue 19), same numbers."""
+    train_step, args, reference = step_and_reference
+    step, meta = partir.jit(train_step, EP_MESH, [BP, EP], conflicts="stop")
+    _assert_close(step(*args), reference)
+    row = meta.tactics[-1]
+    assert row.conflicts and not row.resolutions
+    assert row.collectives["all_gather"] > 0 and row.collectives["all_to_all"] == 0
+    with pytest.raises(ValueError, match="conflicts='gather'"):
+        partir.jit(train_step, EP_MESH, [BP, EP], conflicts="gather")
 
 
 def test_expert_rule_that_decides_nothing_warns_or_raises() -> None:
@@ -150,3 +192,19 @@ def test_expert_rule_that_decides_nothing_warns_or_raises() -> None:
     with pytest.raises(partir.PartitionError, match="EP.*'params'"), warnings.catch_warnings():
         warnings.simplefilter("error")
         _counts([partir.tactic("EP", nothing, axis="expert", strict=True)], EP_MESH)
+
+
+def test_automatic_partition_after_bp_finds_expert_parallelism() -> None:
+    """AutomaticPartition on the expert axis after BP finds a plan the simulator rates at least
+    as fast as BP+EP (GShard's), on the same hardware spec."""
+    traced = _traced()
+    auto = partir.AutomaticPartition(["expert"], budget=60, searcher="beam")
+
+    def runtime(schedule):
+        part = apply_schedule(traced.func, traced.leaves, Mesh.of(EP_MESH), schedule,
+                              hardware="a100-40gb", arg_names=traced.arg_names)
+        return part.reports[-1]
+
+    found, manual = runtime([BP, auto]), runtime([BP, EP])
+    assert found.estimated_runtime_s <= manual.estimated_runtime_s * 1.001, (
+        found.actions, found.collectives, manual.collectives)

@@ -1,12 +1,15 @@
 """Propagation (paper 1 §5.2.2): forward, backward and inference through the TMR, to a fixed
-point, without cost heuristics. Where several entries fit, or none fits all constraints while
-some fit part of them, propagation stops at that op and records a conflict."""
+point. Where several entries fit, propagation stops at that op and records a conflict. Where
+none fits all constraints while several fit part of them, the cheapest is taken and the
+operands that do not fit it are redistributed (`resolution.py`); with the state's
+`resolve_conflicts` off (PartIR's strict semantics) that is a conflict too."""
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 
 from ..ir.graph import PARTITIONED_REGIONS, TERMINATORS, Op, Value, partitionable_ops
+from .resolution import resolve
 from .state import PartitionState
 from .tmr import Sum, TMREntry
 
@@ -95,10 +98,14 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
         candidates = [e for e, ok_all, _ in scored if ok_all and _fits(state, op, axis, e)]
         partial = [e for e, ok_all, ok_any in scored if ok_any and not ok_all]
         if not candidates:
-            if len(partial) > 1:
+            if len(partial) <= 1:
+                return []
+            resolved = resolve(state, op, axis, partial)
+            if resolved is None:
                 state.record_conflict(op, axis, "entries " + " and ".join(
                     str(e) for e in partial[:3]) + " each match part of the operand tilings")
-            return []
+                return []
+            candidates = [resolved]
     else:
         candidates = [e for e in entries
                       if any(not isinstance(a, Sum) and a in s for a, s in zip(e.results, sliced))
@@ -125,27 +132,36 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
 def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
     """Run propagation to a fixed point over every mesh axis.
 
-    The worklist holds (op, axis) pairs. A step on an axis changes tilings on that axis only,
-    so it wakes the neighbours on that axis. On another axis a neighbour can only come to fit
-    fewer entries (its operands' local extents shrink), which matters only where it stopped
-    at a conflict between several entries: those (op, axis) pairs are woken too.
+    The worklist holds (op, axis) pairs and hands them out in program order (the earliest op
+    first), so a tiling reaches an op from the program's inputs, through the forward pass,
+    before it reaches it backwards from a later use: a token tiling meets an expert tiling at
+    the expert matmul, where the conflict is resolved by moving the tokens (GShard's
+    all_to_all), not at the dispatch, where it would gather them.
+
+    A step on an axis changes tilings on that axis only, so it wakes the neighbours on that
+    axis. On another axis a neighbour can only come to fit fewer entries (its operands' local
+    extents shrink), which matters only where it stopped at a conflict between several
+    entries: those (op, axis) pairs are woken too.
     """
     axes = state.mesh.names
+    rank = {a: i for i, a in enumerate(axes)}
+    position = state.position
     if seeds is None:
         ops = partitionable_ops(state.func.ops)
     else:
         ops = [n for v in seeds for n in _neighbours(state, v)]
-    queue = deque((op, axis) for op in ops for axis in axes)
-    queued = set(queue)
+    queue = [(position[op], rank[axis], op, axis) for op in ops for axis in axes]
+    heapq.heapify(queue)
+    queued = {(op, axis) for _, _, op, axis in queue}
     while queue:
-        op, axis = queue.popleft()
+        _, _, op, axis = heapq.heappop(queue)
         queued.discard((op, axis))
         for v in _step(state, op, axis):
             for n in _neighbours(state, v):
                 for a in axes:
                     if (a == axis or state.stopped_at(n, a)) and (n, a) not in queued:
                         queued.add((n, a))
-                        queue.append((n, a))
+                        heapq.heappush(queue, (position[n], rank[a], n, a))
 
 
 def _neighbours(state: PartitionState, v: Value) -> list[Op]:

@@ -45,9 +45,15 @@ class PartitionState:
     # (tag op, axis): a tactic decided the tagged value on the axis, so the tag is a
     # redistribution point there: propagation does not cross it, the lowering converts.
     boundaries: set[tuple[Op, str]] = field(default_factory=set)
+    # Conflicts are resolved by redistributing operands (`resolution.py`); False keeps
+    # PartIR's strict semantics (stop at the op, which then gathers its operands).
+    resolve_conflicts: bool = True
+    resolutions: list = field(default_factory=list)  # resolution.Resolution, in order
 
     def __post_init__(self):
         self.users = users_of(self.func)
+        # Program order, regions included: propagation's worklist hands ops out in it.
+        self.position = {op: i for i, op in enumerate(partitionable_ops(self.func.ops))}
         self.tags = {**self.func.tags, **self.tags}
         self.aliases = _loop_carried_aliases(self.func)
         self._reported: set[tuple[Op, str]] = set()
@@ -63,6 +69,7 @@ class PartitionState:
         new.unsupported = dict(self.unsupported)
         new.tags = {k: list(v) for k, v in self.tags.items()}
         new.boundaries = set(self.boundaries)
+        new.resolutions = list(self.resolutions)
         new._reported = set(self._reported)
         return new
 

@@ -60,6 +60,15 @@ class TensorType:
         return not self.opaque
 
 
+def format_bytes(n: float) -> str:
+    """A byte count as people read it: "512 B", "3.0 MiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
 def element_type_of(dtype) -> str:
     """The MLIR element type name of a numpy / jax dtype."""
     name = np.dtype(dtype).name
