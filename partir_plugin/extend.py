@@ -21,7 +21,7 @@ What is here, by the hook that needs it:
 - `partir_add_hardware`: `HardwareSpec`, `LinkClass`.
 - `partir_add_simulators`: the device-local program (`Func`, `Block`, `Op`, `Value`,
   `Region`), `Mesh`, `Collective` with `collective_kind` / `collective_axes` (how the lowering
-  marks its collectives), `SimulationResult`, `CollectiveCost`, `Simulator`.
+  marks its collectives), `SimulationResult`, `CollectiveCost`, `TimelineEvent`, `Simulator`.
 - `partir_add_cli_commands`: `parse_mesh` (the one `AXIS=SIZE,...` parser).
 """
 
@@ -45,6 +45,7 @@ from .simulation import (
     LinkClass,
     SimulationResult,
     Simulator,
+    TimelineEvent,
     resolve_hardware,
     resolve_simulator,
     simulate,
@@ -59,7 +60,8 @@ __all__ = [
     "LinkClass", "LoweringCache", "ManualPartition", "Mesh",
     "Op", "Override", "PartitionError", "PartitionState", "PluginError", "Region",
     "SearchResult", "SimulationResult", "Simulator", "SpmdProgram", "Sum", "TMREntry",
-    "TacticContext", "TensorType", "TileMappingRegistry", "UnknownNameError", "Value",
+    "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent", "UnknownNameError",
+    "Value",
     "collective_axes", "collective_kind", "entries_from_shardy", "hookimpl", "lookup_dim",
     "lower_to_spmd", "override", "parse_mesh", "propagate", "resolve_hardware",
     "resolve_simulator", "simulate", "splat_value",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .records import SCHEMA, CollectiveRecord, CollectiveSite
 from .search import SearchResult
+from .simulation import TimelineEvent
 from .spmd.collectives import COUNTED_KINDS, Collective
 
 # The name of the report's first row when it shows the unpartitioned program.
@@ -29,8 +32,26 @@ class TacticReport:
     actions: list[str] = field(default_factory=list)
     # What an automatic tactic's search found (decisions, costs, effort); None for others.
     search: SearchResult | None = None
+    # Per collective op of the program, what the row knew when it was made; `records` turns
+    # them into `CollectiveRecord`s on first read (parsing source locations then).
+    sites: list[CollectiveSite] = field(default_factory=list, compare=False, repr=False)
+    # The simulated timeline of the program (kernels with their starts), for `write_trace`.
+    timeline: list[TimelineEvent] = field(default_factory=list, compare=False, repr=False)
 
+    @functools.cached_property
+    def records(self) -> list[CollectiveRecord]:
+        """One record per collective op of the program as it stands after this tactic, in
+        program order; grouped by kind they give `collectives`."""
+        return [site.record() for site in self.sites]
 
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain data, its records included (`records.SCHEMA`)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("sites", "timeline")}
+        if self.search is not None:
+            data["search"] = asdict(self.search)
+        data["records"] = [r.to_json() for r in self.records]
+        return data
 
 
 def _fmt_bytes(n) -> str:
@@ -198,7 +219,8 @@ class Metadata:
         return _jsonable({
             "mesh": dict(self.mesh) if self.mesh is not None else None,
             "hardware": self.hardware,
-            "tactics": [asdict(t) for t in self.tactics],
+            "records_schema": SCHEMA,
+            "tactics": [t.to_json() for t in self.tactics],
             "in_shardings": shardings_to_specs(self.in_shardings),
             "out_shardings": shardings_to_specs(self.out_shardings),
         })

@@ -1,0 +1,338 @@
+"""One record per collective: what it is, what it costs, and which line and decision made it.
+
+The lowering puts on every collective the edge it converts (`spmd.provenance.Conversion`:
+the value, the consumer, the two layouts); the simulator gives its bytes, time and how often
+it runs; the importer kept every op's MLIR location. A report row keeps, per collective op of
+its program, a `CollectiveSite`: the cheap facts, taken while the row is made (the next
+tactic's lowering reuses and re-points the program's ops). The source line, phase and
+parameter need the locations parsed: `CollectiveSite.record()` does that, on first read of
+`TacticReport.records`, so partitioning never pays for it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .core.state import PartitionState
+from .ir.graph import Func, Op, Value, walk
+from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
+from .simulation import CollectiveCost, SimulationResult
+from .spmd.collectives import Collective, collective_axes, collective_kind
+from .spmd.provenance import Conversion
+
+SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
+
+# Ops that only move or retype an argument's data: a value made by a chain of them from a
+# function argument is that argument (a gathered parameter).
+_PASS_THROUGH = frozenset({"stablehlo.convert", "stablehlo.reshape", "stablehlo.transpose",
+                           "stablehlo.broadcast_in_dim", "stablehlo.copy",
+                           "stablehlo.bitcast_convert", "stablehlo.optimization_barrier"})
+
+
+class Reason(enum.StrEnum):
+    """Why a collective is there (the decision behind it)."""
+
+    PARTIAL_SUM = "partial sum"  # an op summed over a tiled dimension: its partials reduced
+    GATHER = "gather for use"  # a consumer needs more of a tiled value than one tile
+    CONFLICT = "conflict"  # propagation stopped at the consumer: its operand is gathered
+    RESHARD = "reshard"  # a tiling moves between dimensions or axes (all_to_all, permute)
+    BOUNDARY = "boundary"  # the function returns the value in its declared layout
+    LOOP = "loop-carried"  # a loop or branch carries the value in one layout
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective op of a device-local program (`Metadata.tactics[i].records`).
+
+    `bytes`: the buffer each device holds for it per execution (the full array for all_gather
+    and reduce_scatter, as the ring model counts); `count`: executions per step (a loop's trip
+    count); `est_time_s`: the simulated time of one execution (None without a simulator);
+    `tactic`: the first tactic after which the program has this collective; `op`: the
+    StableHLO op it serves (the one whose sum it reduces, else the consumer); `source`: that
+    op's line (`ir.locations`), None when the module has no locations; `stack`: every user
+    frame, innermost first; `param`: the parameter's key path where it gathers a parameter or
+    reduces its gradient. `id` is stable: the same program gives the same ids.
+    """
+
+    id: str
+    kind: Collective
+    axes: tuple[str, ...]
+    bytes: int
+    count: int
+    est_time_s: float | None
+    phase: Phase
+    tactic: str
+    reason: Reason
+    op: str
+    source: SourceLocation | None
+    param: str | None = None
+    name_stack: str = ""
+    stack: tuple[SourceLocation, ...] = ()
+
+    @property
+    def total_time_s(self) -> float | None:
+        """Estimated time per step: one execution's time by the count."""
+        return None if self.est_time_s is None else self.est_time_s * self.count
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": str(self.kind), "axes": list(self.axes),
+            "bytes": self.bytes, "count": self.count, "est_time_s": self.est_time_s,
+            "phase": str(self.phase), "tactic": self.tactic, "reason": str(self.reason),
+            "op": self.op, "name_stack": self.name_stack, "param": self.param,
+            "source": _source_json(self.source),
+            "stack": [_source_json(f) for f in self.stack],
+        }
+
+
+def _source_json(s: SourceLocation | None) -> dict | None:
+    return None if s is None else {"file": s.file, "line": s.line, "function": s.function}
+
+
+class ProgramIndex:
+    """What records need about the program being partitioned, computed once per schedule and
+    only as far as asked: stable op numbers (for ids), parsed locations, the first backward
+    op (for the optimizer phase), and which parameters each source line's ops read (for
+    gradients)."""
+
+    def __init__(self, func: Func, arg_names: list[str]):
+        self.func = func
+        self.arg_names = arg_names
+        self._numbers: dict[Op, int] | None = None
+        self._blocks: dict[int, tuple[int, int]] | None = None
+        self._parsed: dict[Op, ParsedLocation] = {}
+        self._first_backward: int | None = None
+        self._params_at: dict[tuple, list[Value]] | None = None
+
+    # -- ids ----------------------------------------------------------------------------
+    def number(self, op: Op | None) -> int:
+        if self._numbers is None:
+            self._numbers = {o: i for i, o in enumerate(walk(self.func.ops))}
+            self._blocks = {}
+            for o, i in self._numbers.items():
+                for r, region in enumerate(o.regions):
+                    for block in region.blocks:
+                        self._blocks[id(block)] = (i, r)
+        return self._numbers.get(op, -1)
+
+    def value_key(self, v: Value) -> tuple:
+        if v.producer is not None:
+            return ("op", self.number(v.producer), v.index)
+        self.number(None)  # builds the block table
+        assert self._blocks is not None
+        return ("arg", *self._blocks.get(id(v.owner), (-1, -1)), v.index)
+
+    # -- locations ----------------------------------------------------------------------
+    def parsed(self, op: Op | None) -> ParsedLocation:
+        if op is None or op.mlir_location is None:
+            return ParsedLocation()
+        p = self._parsed.get(op)
+        if p is None:
+            p = self._parsed[op] = parse_location(op.mlir_location)
+        return p
+
+    def phase(self, op: Op | None) -> Phase:
+        """forward/backward from jax's name stack (`jvp(`, `transpose(`); outside autodiff,
+        optimizer when the op is in optax or follows the backward pass, else other (forward
+        in a program without autodiff)."""
+        loc = self.parsed(op)
+        phase = loc.autodiff_phase
+        if phase is not None:
+            return phase
+        if loc.in_optimizer_library:
+            return Phase.OPTIMIZER
+        first = self.first_backward()
+        if first < 0:
+            return Phase.FORWARD
+        return Phase.OPTIMIZER if self.number(op) > first else Phase.OTHER
+
+    def first_backward(self) -> int:
+        """The number of the first op under `transpose(`, -1 when there is none."""
+        if self._first_backward is None:
+            self._first_backward = -1
+            for i, op in enumerate(walk(self.func.ops)):
+                if self.parsed(op).autodiff_phase is Phase.BACKWARD:
+                    self._first_backward = i
+                    break
+        return self._first_backward
+
+    # -- parameters ---------------------------------------------------------------------
+    def argument_of(self, v: Value) -> str | None:
+        """The argument `v` is (through data movement only), by its key path."""
+        while v.producer is not None and v.producer.name in _PASS_THROUGH:
+            v = v.producer.operands[0]
+        if v.owner is self.func.body and v.index < len(self.arg_names):
+            return self.arg_names[v.index]
+        return None
+
+    def gradient_of(self, v: Value, op: Op | None) -> str | None:
+        """The parameter whose gradient `v` is: backward ops carry the line of the forward op
+        they differentiate, so `v` (made by `op`) is the gradient of the argument of its shape
+        (up to a transpose) that the forward ops of that line read."""
+        if op is None or self.parsed(op).autodiff_phase is not Phase.BACKWARD:
+            return None
+        shape = sorted(v.type.shape)  # the backward pass may produce it transposed
+        for arg in self.params_at().get(self.parsed(op).frames, []):
+            if sorted(arg.type.shape) == shape:
+                return self.arg_names[arg.index]
+        return None
+
+    def params_at(self) -> dict[tuple, list[Value]]:
+        """Per source stack, the arguments read there (through data movement) by forward ops."""
+        if self._params_at is None:
+            users: dict[Value, list[Op]] = {}
+            for op in self.func.ops:
+                for x in op.operands:
+                    users.setdefault(x, []).append(op)
+            self._params_at = {}
+            for arg in self.func.args[: len(self.arg_names)]:
+                stack, seen = [arg], set()
+                while stack:
+                    x = stack.pop()
+                    for u in users.get(x, []):
+                        if u in seen:
+                            continue
+                        seen.add(u)
+                        if u.name in _PASS_THROUGH:
+                            stack.extend(u.results)
+                        elif self.parsed(u).autodiff_phase is not Phase.BACKWARD:
+                            self._params_at.setdefault(self.parsed(u).frames, []).append(arg)
+        return self._params_at
+
+
+@dataclass
+class CollectiveSite:
+    """A collective op of one report row's program, as far as known while the row is made."""
+
+    id: str
+    kind: Collective
+    axes: tuple[str, ...]
+    bytes: int
+    count: int
+    est_time_s: float | None
+    reason: Reason
+    served: Op | None  # the op of the program being partitioned it serves
+    value: Value | None  # the value it converts
+    index: ProgramIndex = field(repr=False)
+    tactic: str = ""
+
+    def record(self) -> CollectiveRecord:
+        loc = self.index.parsed(self.served)
+        stack = tuple(f for f in loc.frames if f is loc.source or not is_library_file(f.file))
+        param = None
+        if self.value is not None:
+            param = self.index.argument_of(self.value)
+            if param is None and self.reason is Reason.PARTIAL_SUM:
+                param = self.index.gradient_of(self.value, self.served)
+        return CollectiveRecord(
+            self.id, self.kind, self.axes, self.bytes, self.count, self.est_time_s,
+            self.index.phase(self.served), self.tactic, self.reason,
+            self.served.name if self.served is not None else "", loc.source, param,
+            loc.name_stack, stack)
+
+
+def _reason(conv: Conversion, kind: Collective, axes: tuple[str, ...],
+            state: PartitionState) -> Reason:
+    if conv.have.partial and kind in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER):
+        return Reason.PARTIAL_SUM
+    consumer = conv.consumer
+    if consumer is None:
+        return Reason.BOUNDARY
+    if any(_conflict(conv, a, state) for a in axes):
+        return Reason.CONFLICT
+    if consumer.name in ("stablehlo.while", "stablehlo.case"):
+        return Reason.LOOP
+    if kind is Collective.ALL_GATHER:
+        return Reason.GATHER
+    return Reason.RESHARD
+
+
+def _conflict(conv: Conversion, axis: str, state: PartitionState) -> bool:
+    """Did two decisions on `axis` meet at the consumer? Either propagation stopped there, or
+    the consumer is already in a loop over `axis` that does not take the value as it is tiled
+    on `axis`, and no other user takes it (or what it was moved from) so either: that tiling
+    serves nobody (unlike a parameter sharded for storage, gathered for use but updated in
+    place by the optimizer)."""
+    consumer = conv.consumer
+    if consumer is None:
+        return False
+    if state.stopped_at(consumer, axis):
+        return True
+    if not state.in_loop(consumer, axis) or all(axis not in d for d in conv.have.dims):
+        return False
+    x, chain = conv.value, {consumer}
+    while True:
+        dim = state.dim_of(x, axis)
+        for user, i in state.users.get(x, []) if dim is not None else ():
+            if user is not None and user not in chain and any(
+                    a == axis and entry.operands[i] == dim for a, entry in state.nest_of(user)):
+                return False
+        if x.producer is None or x.producer.name not in _PASS_THROUGH:
+            return True
+        chain.add(x.producer)
+        x = x.producer.operands[0]
+
+
+def _costs(sim: SimulationResult | None) -> dict[Op, tuple[CollectiveCost, int]]:
+    """Per collective op, its cost and how many times the timeline runs it."""
+    out: dict[Op, tuple[CollectiveCost, int]] = {}
+    for event in sim.timeline if sim is not None else ():
+        for op, cost in zip(event.ops, event.collectives):
+            seen = out.get(op)
+            out[op] = (cost, 1 if seen is None else seen[1] + 1)
+    return out
+
+
+def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationResult | None,
+                     index: ProgramIndex) -> list[CollectiveSite]:
+    """A site per counted collective among `ops` (a device-local program's, in order)."""
+    costs = _costs(sim)
+    sites: list[CollectiveSite] = []
+    ordinal: dict[Conversion, int] = {}
+    ids: set[str] = set()
+    for op in ops:
+        kind = collective_kind(op)
+        if kind is None or not kind.counted:
+            continue
+        axes = collective_axes(op)
+        conv = op.origin if isinstance(op.origin, Conversion) else None
+        if conv is None:
+            key: tuple = ("unattributed", len(sites))
+            reason, served, value = Reason.RESHARD, None, None
+        else:
+            n = ordinal[conv] = ordinal.get(conv, -1) + 1
+            value = conv.value
+            reason = _reason(conv, kind, axes, state)
+            producer = value.producer
+            served = producer if (reason is Reason.PARTIAL_SUM or conv.consumer is None) \
+                else conv.consumer
+            consumer = index.number(conv.consumer) if conv.consumer is not None else "return"
+            key = (index.value_key(value), consumer, n)
+        key = (*key, str(kind), axes)
+        cost, count = costs.get(op, (None, 0 if sim is not None else 1))
+        nbytes = max(sum(v.type.nbytes for v in op.operands if v.type.is_tensor),
+                     sum(r.type.nbytes for r in op.results if r.type.is_tensor))
+        sid = _stable_id(key)
+        while sid in ids:  # one consumer converting one value twice (x @ x.T)
+            sid = _stable_id((*key, sid))
+        ids.add(sid)
+        sites.append(CollectiveSite(
+            sid, kind, axes, nbytes, count,
+            cost.time_s if cost is not None else None, reason, served, value, index))
+    return sites
+
+
+def _stable_id(key: tuple) -> str:
+    return "c" + hashlib.blake2b(repr(key).encode(), digest_size=6).hexdigest()
+
+
+def attribute_tactics(rows_sites: Iterable[tuple[str, list[CollectiveSite]]]) -> None:
+    """Each site's tactic: the first row (in schedule order) whose program has its id."""
+    first: dict[str, str] = {}
+    for name, sites in rows_sites:
+        for s in sites:
+            s.tactic = first.setdefault(s.id, name)
