@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .ir.locations import NO_LOCATIONS_HINT
 from .records import SCHEMA, CollectiveRecord, CollectiveSite
 from .search import SearchResult
 from .simulation import TimelineEvent
@@ -54,7 +55,7 @@ class TacticReport:
         return data
 
 
-def _fmt_bytes(n) -> str:
+def fmt_bytes(n) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -131,7 +132,7 @@ def _jsonable(x) -> Any:
     return str(x)
 
 
-def _fmt_time(s) -> str:
+def fmt_time(s) -> str:
     if s is None:
         return "-"
     if s < 1e-3:
@@ -164,33 +165,15 @@ class Metadata:
         self.device_local_stablehlo = device_local_stablehlo
         return self
 
-    def report(self) -> str:
-        """A table, one row per tactic, with the change from the previous tactic."""
+    def report(self, detail: bool = False) -> str:
+        """A table, one row per tactic, with the change from the previous tactic; with
+        `detail`, then per tactic the collectives it added (`records`), costliest first,
+        grouped by source line."""
         if not self.tactics:
             return "(not partitioned yet: call the function or .lower(*args) first)"
-        head = ["tactic", *(k.short for k in COUNTED_KINDS), "est. runtime", "Δ runtime",
-                "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
-        rows = []
-        prev = None
-        for t in self.tactics:
-            c = t.collectives
-            d_rt = d_mem = "-"
-            if prev is not None and t.estimated_runtime_s is not None and \
-                    prev.estimated_runtime_s:
-                d_rt = f"{t.estimated_runtime_s / prev.estimated_runtime_s:.2f}x"
-            if prev is not None and t.estimated_peak_memory_bytes is not None and \
-                    prev.estimated_peak_memory_bytes:
-                d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
-            rows.append([t.name, *(str(c.get(k, 0)) for k in COUNTED_KINDS), _fmt_time(
-                t.estimated_runtime_s), d_rt, _fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
-                str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
-            prev = t
-        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        line = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
-                                   for i, (x, w) in enumerate(zip(r, widths)))
-        out = [f"mesh {self.mesh}{self._hardware_note()}", line(head),
-               line(["-" * w for w in widths])]
-        out += [line(r) for r in rows]
+        head, rows = tactic_table(self.tactics)
+        out = [f"mesh {self.mesh}{self._hardware_note()}",
+               *_table(head, rows, right=range(1, len(head)))]
         last = self.tactics[-1]
         if last.unsupported_ops:
             out.append("ops without a TMR rule, kept replicated: " + ", ".join(
@@ -200,7 +183,51 @@ class Metadata:
                 out.append(f"conflict after {t.name}: {c}")
             if len(t.conflicts) > 5:
                 out.append(f"... and {len(t.conflicts) - 5} more conflicts after {t.name}")
+        if detail:
+            out += self._detail()
         return "\n".join(out)
+
+    def _detail(self) -> list[str]:
+        """Per tactic, the collectives it added, grouped by source line, costliest first."""
+        out: list[str] = []
+        head = ["where", "called from", "est. time", "count", "collective", "bytes", "phase",
+                "op", "reason", "param", "id"]
+        for t in self.tactics:
+            added = [r for r in t.records if r.tactic == t.name]
+            if not added:
+                continue
+            total = sum(r.total_time_s or 0.0 for r in added)
+            out += ["", f"collectives added by {t.name}: {len(added)}, est. "
+                        f"{fmt_time(total)} per step"]
+            rows = []
+            for where, group in _by_source(added):
+                for i, r in enumerate(group):
+                    rows.append([where if i == 0 else "",
+                                 r.stack[1].short if len(r.stack) > 1 else "",
+                                 fmt_time(r.total_time_s), f"x{r.count}",
+                                 f"{r.kind}[{','.join(r.axes)}]", fmt_bytes(r.bytes),
+                                 str(r.phase), r.op.removeprefix("stablehlo."), str(r.reason),
+                                 r.param or "", r.id])
+            out += ["  " + line for line in _table(head, rows, right=(2, 3, 5))]
+        if any(r.source is None for t in self.tactics for r in t.records):
+            out.append(f"note: {NO_LOCATIONS_HINT}")
+        return out
+
+    def write_trace(self, path) -> Path:
+        """Write the simulated timeline of the program after each tactic as Chrome
+        trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing):
+        kernels and collectives on separate threads, each collective's record in its args,
+        a counter of live bytes; one process per tactic."""
+        from .trace import write_trace
+
+        return write_trace(self.tactics, path, mesh=self.mesh, hardware=self.hardware)
+
+    def write_html(self, path) -> Path:
+        """Write one self-contained HTML report (no network loads): the per-tactic table and
+        the costliest collectives with their source lines and the decision behind each."""
+        from .html_report import write_html
+
+        return write_html(self, path)
 
     def _hardware_note(self) -> str:
         """", hardware NAME", saying when NAME is the default spec (no `hardware=` needed)."""
@@ -275,6 +302,51 @@ class Metadata:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format=path.suffix.lstrip(".").lower() or "png")
         return path
+
+
+def tactic_table(tactics: Sequence[TacticReport]) -> tuple[list[str], list[list[str]]]:
+    """The report's columns and one row per tactic, with the change from the previous one
+    (the text report and the HTML report show the same table)."""
+    head = ["tactic", *(k.short for k in COUNTED_KINDS), "est. runtime", "Δ runtime",
+            "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
+    rows = []
+    prev = None
+    for t in tactics:
+        c = t.collectives
+        d_rt = d_mem = "-"
+        if prev is not None and t.estimated_runtime_s is not None and \
+                prev.estimated_runtime_s:
+            d_rt = f"{t.estimated_runtime_s / prev.estimated_runtime_s:.2f}x"
+        if prev is not None and t.estimated_peak_memory_bytes is not None and \
+                prev.estimated_peak_memory_bytes:
+            d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
+        rows.append([t.name, *(str(c.get(k, 0)) for k in COUNTED_KINDS), fmt_time(
+            t.estimated_runtime_s), d_rt, fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
+            str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
+        prev = t
+    return head, rows
+
+
+def _table(head: list[str], rows: list[list[str]], right: Container[int]) -> list[str]:
+    """Aligned text columns (those in `right` right-aligned, numbers): the header, a rule,
+    the rows."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(x.rjust(w) if i in right else x.ljust(w)
+                         for i, (x, w) in enumerate(zip(r, widths))).rstrip()
+
+    return [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _by_source(records: list[CollectiveRecord]) -> list[tuple[str, list[CollectiveRecord]]]:
+    """Records grouped by source line, the costliest group first, each costliest first."""
+    groups: dict[str, list[CollectiveRecord]] = {}
+    for r in records:
+        groups.setdefault(r.source.short if r.source else "(no source location)", []).append(r)
+    cost = lambda rs: -sum(r.total_time_s or 0.0 for r in rs)  # noqa: E731
+    return sorted(((k, sorted(g, key=lambda r: (cost([r]), r.id))) for k, g in groups.items()),
+                  key=lambda kg: (cost(kg[1]), kg[0]))
 
 
 def _time_scale(values) -> tuple[float, str]:

@@ -218,6 +218,7 @@ class CollectiveSite:
     served: Op | None  # the op of the program being partitioned it serves
     value: Value | None  # the value it converts
     index: ProgramIndex = field(repr=False)
+    local: Op | None = field(default=None, repr=False)  # the device-local collective op
     tactic: str = ""
 
     def record(self) -> CollectiveRecord:
@@ -322,7 +323,7 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
         ids.add(sid)
         sites.append(CollectiveSite(
             sid, kind, axes, nbytes, count,
-            cost.time_s if cost is not None else None, reason, served, value, index))
+            cost.time_s if cost is not None else None, reason, served, value, index, op))
     return sites
 
 
