@@ -104,6 +104,7 @@ class ProgramIndex:
         self.arg_names = arg_names
         self._numbers: dict[Op, int] | None = None
         self._blocks: dict[int, tuple[int, int]] | None = None
+        self._parents: dict[Op, Op] = {}  # an op in a region -> the op holding the region
         self._parsed: dict[Op, ParsedLocation] = {}
         self._first_backward: int | None = None
         self._params_at: dict[tuple, list[Value]] | None = None
@@ -111,12 +112,14 @@ class ProgramIndex:
     # -- ids ----------------------------------------------------------------------------
     def number(self, op: Op | None) -> int:
         if self._numbers is None:
-            self._numbers = {o: i for i, o in enumerate(walk(self.func.ops))}
-            self._blocks = {}
-            for o, i in self._numbers.items():
+            self._numbers, self._blocks, self._parents = {}, {}, {}
+            for o in walk(self.func.ops):
+                i = self._numbers[o] = len(self._numbers)
                 for r, region in enumerate(o.regions):
                     for block in region.blocks:
                         self._blocks[id(block)] = (i, r)
+                        for inner in block.ops:
+                            self._parents[inner] = o
         return self._numbers.get(op, -1)
 
     def value_key(self, v: Value) -> tuple:
@@ -136,14 +139,18 @@ class ProgramIndex:
         return p
 
     def phase(self, op: Op | None) -> Phase:
-        """forward/backward from jax's name stack (`jvp(`, `transpose(`); outside autodiff,
+        """forward/backward from jax's name stack (`jvp(`, `transpose(`; a loop body's ops
+        are named inside the loop, so the loops holding the op count too); outside autodiff,
         optimizer when the op is in optax or follows the backward pass, else other (forward
         in a program without autodiff)."""
-        loc = self.parsed(op)
-        phase = loc.autodiff_phase
-        if phase is not None:
-            return phase
-        if loc.in_optimizer_library:
+        self.number(None)  # builds the region parents
+        outer = op
+        while outer is not None:
+            phase = self.parsed(outer).autodiff_phase
+            if phase is not None:
+                return phase
+            outer = self._parents.get(outer)
+        if self.parsed(op).in_optimizer_library:
             return Phase.OPTIMIZER
         first = self.first_backward()
         if first < 0:
@@ -173,7 +180,7 @@ class ProgramIndex:
         """The parameter whose gradient `v` is: backward ops carry the line of the forward op
         they differentiate, so `v` (made by `op`) is the gradient of the argument of its shape
         (up to a transpose) that the forward ops of that line read."""
-        if op is None or self.parsed(op).autodiff_phase is not Phase.BACKWARD:
+        if op is None or self.phase(op) is not Phase.BACKWARD:
             return None
         shape = sorted(v.type.shape)  # the backward pass may produce it transposed
         for arg in self.params_at().get(self.parsed(op).frames, []):
@@ -199,7 +206,7 @@ class ProgramIndex:
                         seen.add(u)
                         if u.name in _PASS_THROUGH:
                             stack.extend(u.results)
-                        elif self.parsed(u).autodiff_phase is not Phase.BACKWARD:
+                        elif self.phase(u) is not Phase.BACKWARD:
                             self._params_at.setdefault(self.parsed(u).frames, []).append(arg)
         return self._params_at
 

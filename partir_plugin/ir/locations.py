@@ -23,6 +23,8 @@ LIBRARY_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "equinox", "haik
 _KERNEL_DIR = Path(__file__).resolve().parents[1]
 _USER_DIRS = (_KERNEL_DIR / "models", _KERNEL_DIR / "examples")
 
+# The file name MLIR's parser gives ops of a text without locations: their place in that text.
+_PARSED_TEXT = "-"
 # How to get locations when a module has none (a StableHLO file printed without them).
 NO_LOCATIONS_HINT = ("the module carries no source locations: print it with "
                      "`jax.jit(f).lower(...).as_text(debug_info=True)` to keep them")
@@ -130,7 +132,7 @@ def parse_location(location) -> ParsedLocation:
         elif isinstance(loc, ir.CallSiteLoc):
             walk(loc.callee, False)
             walk(loc.caller, False)
-        elif isinstance(loc, ir.FileLineColLoc):
+        elif isinstance(loc, ir.FileLineColLoc) and loc.filename != _PARSED_TEXT:
             frames.append(SourceLocation(loc.filename, loc.start_line))
         elif isinstance(loc, ir.FusedLoc):
             for inner in loc.locations:

@@ -30,17 +30,39 @@ def train_step(params, batch):
     return params, loss
 
 
+def scan_loss_fn(params, batch):
+    def body(x, p):
+        h = jax.nn.relu(x @ p["w_up"])  # DIAG:scan_up
+        return h @ p["w_down"], None  # DIAG:scan_down
+
+    x, _ = jax.lax.scan(body, batch["x"], params)
+    return jnp.mean((x - batch["y"]) ** 2)
+
+
+def scan_train_step(params, batch):
+    loss, grads = jax.value_and_grad(scan_loss_fn)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
 def conflict_step(w, x):
     return jnp.tanh(x @ w)  # DIAG:conflict
 
 
 def megatron_rule(path: str, shape) -> int | None:
-    """Column-parallel up-projection (and its bias), row-parallel down-projection."""
+    """Column-parallel up-projection (and its bias), row-parallel down-projection; dimensions
+    counted from the end, so stacked (scanned) layers take the same rule."""
     if path.endswith(("w_up", "b_up")):
         return len(shape) - 1
     if path.endswith("w_down"):
-        return 0
+        return len(shape) - 2
     return None
+
+
+def scan_example():
+    _, batch = example()
+    stacked = {"w_up": jax.ShapeDtypeStruct((len(LAYERS), FEATURES, HIDDEN), jnp.float32),
+               "w_down": jax.ShapeDtypeStruct((len(LAYERS), HIDDEN, FEATURES), jnp.float32)}
+    return stacked, batch
 
 
 def example():
