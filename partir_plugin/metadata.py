@@ -190,7 +190,7 @@ class Metadata:
     def _detail(self) -> list[str]:
         """Per tactic, the collectives it added, grouped by source line, costliest first."""
         out: list[str] = []
-        head = ["where", "called from", "est. time", "count", "collective", "bytes", "phase",
+        head = ["where", "layer", "est. time", "count", "collective", "bytes", "phase",
                 "op", "reason", "param", "id"]
         for t in self.tactics:
             added = [r for r in t.records if r.tactic == t.name]
@@ -203,14 +203,19 @@ class Metadata:
             for where, group in _by_source(added):
                 for i, r in enumerate(group):
                     rows.append([where if i == 0 else "",
-                                 r.stack[1].short if len(r.stack) > 1 else "",
+                                 r.layer,
                                  fmt_time(r.total_time_s), f"x{r.count}",
                                  f"{r.kind}[{','.join(r.axes)}]", fmt_bytes(r.bytes),
                                  str(r.phase), r.op.removeprefix("stablehlo."), str(r.reason),
                                  r.param or "", r.id])
             out += ["  " + line for line in _table(head, rows, right=(2, 3, 5))]
-        if any(r.source is None for t in self.tactics for r in t.records):
+        records = [r for t in self.tactics for r in t.records]
+        unplaced = sum(r.source is None for r in records)
+        if records and unplaced == len(records):
             out.append(f"note: {NO_LOCATIONS_HINT}")
+        elif unplaced:
+            out.append(f"note: {unplaced} collectives serve ops that jax lowered without a "
+                       f"source location")
         return out
 
     def write_trace(self, path) -> Path:

@@ -74,6 +74,13 @@ class CollectiveRecord:
     stack: tuple[SourceLocation, ...] = ()
 
     @property
+    def layer(self) -> str:
+        """Where in the model: the module path of the name stack (Flax names its modules,
+        `Block_1/attn/query`), else the line that called the function holding `source`."""
+        path = "/".join(s for s in self.name_stack.split("/")[:-1] if "(" not in s)
+        return path or (self.stack[1].short if len(self.stack) > 1 else "")
+
+    @property
     def total_time_s(self) -> float | None:
         """Estimated time per step: one execution's time by the count."""
         return None if self.est_time_s is None else self.est_time_s * self.count
@@ -108,6 +115,8 @@ class ProgramIndex:
         self._parsed: dict[Op, ParsedLocation] = {}
         self._first_backward: int | None = None
         self._params_at: dict[tuple, list[Value]] | None = None
+        self._read_at: dict[Value, Op] = {}  # an argument -> the first forward op reading it
+        self._users: dict[Value, list[Op]] | None = None
 
     # -- ids ----------------------------------------------------------------------------
     def number(self, op: Op | None) -> int:
@@ -137,6 +146,30 @@ class ProgramIndex:
         if p is None:
             p = self._parsed[op] = parse_location(op.mlir_location)
         return p
+
+    def located(self, op: Op | None, limit: int = 64) -> Op | None:
+        """`op`, or where it has no source frames (jax lowers a few ops, e.g. a `take`'s
+        gather or its transpose `scatter-add`, without a traceback) the nearest op it reads
+        from or that reads it that has them (breadth first, at most `limit` ops)."""
+        queue, seen = [op], set()
+        while queue and len(seen) < limit:
+            x = queue.pop(0)
+            if x is None or x in seen:
+                continue
+            seen.add(x)
+            if self.parsed(x).frames:
+                return x
+            queue += [v.producer for v in x.inputs]
+            queue += [u for r in x.results for u in self.users().get(r, [])]
+        return op
+
+    def users(self) -> dict[Value, list[Op]]:
+        if self._users is None:
+            self._users = {}
+            for op in walk(self.func.ops):
+                for x in op.inputs:
+                    self._users.setdefault(x, []).append(op)
+        return self._users
 
     def phase(self, op: Op | None) -> Phase:
         """forward/backward from jax's name stack (`jvp(`, `transpose(`; a loop body's ops
@@ -183,18 +216,16 @@ class ProgramIndex:
         if op is None or self.phase(op) is not Phase.BACKWARD:
             return None
         shape = sorted(v.type.shape)  # the backward pass may produce it transposed
-        for arg in self.params_at().get(self.parsed(op).frames, []):
+        for arg in self.params_at().get(_line_key(self.parsed(op)), []):
             if sorted(arg.type.shape) == shape:
                 return self.arg_names[arg.index]
         return None
 
     def params_at(self) -> dict[tuple, list[Value]]:
-        """Per source stack, the arguments read there (through data movement) by forward ops."""
+        """Per source stack and scope, the arguments read there (through data movement) by
+        forward ops."""
         if self._params_at is None:
-            users: dict[Value, list[Op]] = {}
-            for op in self.func.ops:
-                for x in op.operands:
-                    users.setdefault(x, []).append(op)
+            users = self.users()
             self._params_at = {}
             for arg in self.func.args[: len(self.arg_names)]:
                 stack, seen = [arg], set()
@@ -206,9 +237,28 @@ class ProgramIndex:
                         seen.add(u)
                         if u.name in _PASS_THROUGH:
                             stack.extend(u.results)
-                        elif self.phase(u) is not Phase.BACKWARD:
-                            self._params_at.setdefault(self.parsed(u).frames, []).append(arg)
+                        elif self.phase(u) in (Phase.FORWARD, Phase.OTHER):
+                            self._params_at.setdefault(_line_key(self.parsed(u)),
+                                                       []).append(arg)
+                            self._read_at.setdefault(arg, u)
         return self._params_at
+
+    def gradient_by_shape(self, v: Value) -> Value | None:
+        """The one argument forward ops read that has `v`'s shape (up to a transpose), if
+        exactly one has: the parameter of a gradient made by an op without a location."""
+        self.params_at()
+        for same in (lambda a: a.type.shape == v.type.shape,
+                     lambda a: sorted(a.type.shape) == sorted(v.type.shape)):
+            found = [a for a in self._read_at if same(a)]
+            if found:
+                return found[0] if len(found) == 1 else None
+        return None
+
+
+def _line_key(loc: ParsedLocation) -> tuple:
+    """What a forward op shares with the backward ops differentiating it: its frames, and its
+    scope (a model calling one layer function in a loop differs only there)."""
+    return (loc.frames, loc.scope)
 
 
 @dataclass
@@ -229,16 +279,28 @@ class CollectiveSite:
     tactic: str = ""
 
     def record(self) -> CollectiveRecord:
-        loc = self.index.parsed(self.served)
-        stack = tuple(f for f in loc.frames if f is loc.source or not is_library_file(f.file))
+        index = self.index
+        located = index.located(self.served)
+        phase = index.phase(located)
         param = None
         if self.value is not None:
-            param = self.index.argument_of(self.value)
-            if param is None and self.reason is Reason.PARTIAL_SUM:
-                param = self.index.gradient_of(self.value, self.served)
+            param = index.argument_of(self.value)
+        if param is None and self.value is not None and self.reason is Reason.PARTIAL_SUM:
+            arg = None
+            if located is not self.served and phase is Phase.BACKWARD:
+                # no location of its own: a parameter's gradient when only one has its shape,
+                # shown at the line that reads the parameter
+                arg = index.gradient_by_shape(self.value)
+            if arg is not None:
+                param = index.arg_names[arg.index]
+                located = index.located(index._read_at[arg])
+            else:
+                param = index.gradient_of(self.value, located)
+        loc = index.parsed(located)
+        stack = tuple(f for f in loc.frames if f is loc.source or not is_library_file(f.file))
         return CollectiveRecord(
             self.id, self.kind, self.axes, self.bytes, self.count, self.est_time_s,
-            self.index.phase(self.served), self.tactic, self.reason,
+            phase, self.tactic, self.reason,
             self.served.name if self.served is not None else "", loc.source, param,
             loc.name_stack, stack)
 

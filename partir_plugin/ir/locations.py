@@ -71,6 +71,18 @@ class ParsedLocation:
         return self.names[0] if self.names else ""
 
     @property
+    def scope(self) -> str:
+        """The name stack without its primitive and with autodiff's `transpose(...)` removed:
+        what a forward op and the backward ops differentiating it share (with their frames),
+        e.g. `jit(step)/jvp(Transformer)/Block_3/attn/query` for both."""
+        segments = self.name_stack.split("/")[:-1]
+        for i, seg in enumerate(segments):
+            while seg.startswith("transpose(") and seg.endswith(")"):
+                seg = seg[len("transpose("):-1]
+            segments[i] = seg
+        return "/".join(segments)
+
+    @property
     def source(self) -> SourceLocation | None:
         """The first frame outside the libraries (`LIBRARY_PACKAGES`, partir_plugin's kernel);
         the innermost frame when every frame is library code."""
