@@ -26,7 +26,7 @@ CONTEXT = 2  # source lines shown before and after a collective's line
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; white-space: nowrap; }
 th { background: #f0f0f0; }
 td.text, th.text { text-align: left; }
 pre { background: #f7f7f7; padding: 6px; margin: 4px 0; font-size: 12px; }
@@ -64,11 +64,12 @@ def render(meta: Metadata, top: int = TOP) -> str:
         _table(head, rows, text_columns={0}),
         f"<h2>Costliest collectives of the final program ({len(costly)} of {len(final)})</h2>",
         _table(["est. time / step", "count", "collective", "bytes", "phase", "tactic",
-                "reason", "op", "where", "param"],
+                "reason", "op", "where", "layer", "param"],
                [[fmt_time(r.total_time_s), f"x{r.count}", f"{r.kind}[{','.join(r.axes)}]",
-                 fmt_bytes(r.bytes), str(r.phase), r.tactic, str(r.reason), r.op,
-                 r.source.short if r.source else "-", r.param or ""] for r in costly],
-               text_columns={2, 4, 5, 6, 7, 8, 9}),
+                 fmt_bytes(r.bytes), str(r.phase), r.tactic, str(r.reason),
+                 r.op.removeprefix("stablehlo."), r.source.short if r.source else "-",
+                 r.layer, r.param or ""] for r in costly],
+               text_columns={2, 4, 5, 6, 7, 8, 9, 10}),
         *(_record_section(r) for r in costly),
         "</body></html>",
     ]

@@ -345,12 +345,14 @@ def _table(head: list[str], rows: list[list[str]], right: Container[int]) -> lis
 
 
 def _by_source(records: list[CollectiveRecord]) -> list[tuple[str, list[CollectiveRecord]]]:
-    """Records grouped by source line, the costliest group first, each costliest first."""
+    """Records grouped by source line, the costliest group first, each costliest first (then
+    by layer)."""
     groups: dict[str, list[CollectiveRecord]] = {}
     for r in records:
         groups.setdefault(r.source.short if r.source else "(no source location)", []).append(r)
     cost = lambda rs: -sum(r.total_time_s or 0.0 for r in rs)  # noqa: E731
-    return sorted(((k, sorted(g, key=lambda r: (cost([r]), r.id))) for k, g in groups.items()),
+    return sorted(((k, sorted(g, key=lambda r: (cost([r]), r.layer, r.id)))
+                   for k, g in groups.items()),
                   key=lambda kg: (cost(kg[1]), kg[0]))
 
 
