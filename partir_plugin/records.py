@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .core.state import PartitionState
@@ -45,7 +45,19 @@ class Reason(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class CollectiveRecord:
+class CollectiveFacts:
+    """What a collective is and what it costs: known when its report row is made."""
+
+    id: str
+    kind: Collective
+    axes: tuple[str, ...]
+    bytes: int
+    count: int
+    est_time_s: float | None
+
+
+@dataclass(frozen=True)
+class CollectiveRecord(CollectiveFacts):
     """One collective op of a device-local program (`Metadata.tactics[i].records`).
 
     `bytes`: the buffer each device holds for it per execution (the full array for all_gather
@@ -58,12 +70,6 @@ class CollectiveRecord:
     reduces its gradient. `id` is stable: the same program gives the same ids.
     """
 
-    id: str
-    kind: Collective
-    axes: tuple[str, ...]
-    bytes: int
-    count: int
-    est_time_s: float | None
     phase: Phase
     tactic: str
     reason: Reason
@@ -265,12 +271,7 @@ def _line_key(loc: ParsedLocation) -> tuple:
 class CollectiveSite:
     """A collective op of one report row's program, as far as known while the row is made."""
 
-    id: str
-    kind: Collective
-    axes: tuple[str, ...]
-    bytes: int
-    count: int
-    est_time_s: float | None
+    facts: CollectiveFacts
     reason: Reason
     served: Op | None  # the op of the program being partitioned it serves
     value: Value | None  # the value it converts
@@ -299,10 +300,10 @@ class CollectiveSite:
         loc = index.parsed(located)
         stack = tuple(f for f in loc.frames if f is loc.source or not is_library_file(f.file))
         return CollectiveRecord(
-            self.id, self.kind, self.axes, self.bytes, self.count, self.est_time_s,
-            phase, self.tactic, self.reason,
-            self.served.name if self.served is not None else "", loc.source, param,
-            loc.name_stack, stack)
+            **{f.name: getattr(self.facts, f.name) for f in fields(CollectiveFacts)},
+            phase=phase, tactic=self.tactic, reason=self.reason, op=
+            self.served.name if self.served is not None else "", source=loc.source,
+            param=param, name_stack=loc.name_stack, stack=stack)
 
 
 def _reason(conv: Conversion, kind: Collective, axes: tuple[str, ...],
@@ -390,9 +391,9 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
         while sid in ids:  # one consumer converting one value twice (x @ x.T)
             sid = _stable_id((*key, sid))
         ids.add(sid)
-        sites.append(CollectiveSite(
-            sid, kind, axes, nbytes, count,
-            cost.time_s if cost is not None else None, reason, served, value, index, op))
+        facts = CollectiveFacts(sid, kind, axes, nbytes, count,
+                                cost.time_s if cost is not None else None)
+        sites.append(CollectiveSite(facts, reason, served, value, index, op))
     return sites
 
 
@@ -405,4 +406,4 @@ def attribute_tactics(rows_sites: Iterable[tuple[str, list[CollectiveSite]]]) ->
     first: dict[str, str] = {}
     for name, sites in rows_sites:
         for s in sites:
-            s.tactic = first.setdefault(s.id, name)
+            s.tactic = first.setdefault(s.facts.id, name)
