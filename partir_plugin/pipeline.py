@@ -137,8 +137,7 @@ class TacticReports(Sequence[TacticReport]):
         if self._rows is None:
             with gc_paused():
                 cache, memo, rows = LoweringCache(), {}, []
-                index = ProgramIndex(self._after[0].state.func,
-                                     self._after[0].state.func.arg_names) if self._after else None
+                index = ProgramIndex(self._after[0].state) if self._after else None
                 for t in self._after:
                     program = lower_to_spmd(t.state, cache)
                     rows.append(tactic_report(t.name, program, t.state, self._hardware,
@@ -198,7 +197,7 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
     a site per collective (`TacticReport.records`; `index` is shared by a schedule's rows)."""
     result = estimate(program, hardware, memo, timeline=True)
     if index is None:
-        index = ProgramIndex(state.func, state.func.arg_names)
+        index = ProgramIndex(state)
     sites = collective_sites(walk(program.func.ops), state, result, index)
     for s in sites:
         s.tactic = name

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .core.state import PartitionState
-from .ir.graph import Func, Op, Value, walk
+from .ir.graph import Op, Value, walk
 from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
 from .simulation import CollectiveCost, SimulationResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
@@ -112,9 +112,10 @@ class ProgramIndex:
     op (for the optimizer phase), and which parameters each source line's ops read (for
     gradients)."""
 
-    def __init__(self, func: Func, arg_names: list[str]):
-        self.func = func
-        self.arg_names = arg_names
+    def __init__(self, state: PartitionState):
+        self.func = state.func
+        self.arg_names = state.func.arg_names
+        self.users = state.users  # value -> (op, input index); (None, i): returned
         self._numbers: dict[Op, int] | None = None
         self._blocks: dict[int, tuple[int, int]] | None = None
         self._parents: dict[Op, Op] = {}  # an op in a region -> the op holding the region
@@ -122,7 +123,6 @@ class ProgramIndex:
         self._first_backward: int | None = None
         self._params_at: dict[tuple, list[Value]] | None = None
         self._read_at: dict[Value, Op] = {}  # an argument -> the first forward op reading it
-        self._users: dict[Value, list[Op]] | None = None
 
     # -- ids ----------------------------------------------------------------------------
     def number(self, op: Op | None) -> int:
@@ -166,16 +166,8 @@ class ProgramIndex:
             if self.parsed(x).frames:
                 return x
             queue += [v.producer for v in x.inputs]
-            queue += [u for r in x.results for u in self.users().get(r, [])]
+            queue += [u for r in x.results for u, _ in self.users.get(r, [])]
         return op
-
-    def users(self) -> dict[Value, list[Op]]:
-        if self._users is None:
-            self._users = {}
-            for op in walk(self.func.ops):
-                for x in op.inputs:
-                    self._users.setdefault(x, []).append(op)
-        return self._users
 
     def phase(self, op: Op | None) -> Phase:
         """forward/backward from jax's name stack (`jvp(`, `transpose(`; a loop body's ops
@@ -231,14 +223,13 @@ class ProgramIndex:
         """Per source stack and scope, the arguments read there (through data movement) by
         forward ops."""
         if self._params_at is None:
-            users = self.users()
             self._params_at = {}
             for arg in self.func.args[: len(self.arg_names)]:
                 stack, seen = [arg], set()
                 while stack:
                     x = stack.pop()
-                    for u in users.get(x, []):
-                        if u in seen:
+                    for u, _ in self.users.get(x, []):
+                        if u is None or u in seen:
                             continue
                         seen.add(u)
                         if u.name in _PASS_THROUGH:
