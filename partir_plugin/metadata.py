@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 from collections.abc import Container, Sequence
@@ -165,10 +166,10 @@ class Metadata:
         self.device_local_stablehlo = device_local_stablehlo
         return self
 
-    def report(self, detail: bool = False) -> str:
+    def report(self, detail: bool = False, group_by: GroupBy | str = "line") -> str:
         """A table, one row per tactic, with the change from the previous tactic; with
         `detail`, then per tactic the collectives it added (`records`), costliest first,
-        grouped by source line."""
+        grouped by source line (`group_by="layer"`: by layer)."""
         if not self.tactics:
             return "(not partitioned yet: call the function or .lower(*args) first)"
         head, rows = tactic_table(self.tactics)
@@ -184,14 +185,15 @@ class Metadata:
             if len(t.conflicts) > 5:
                 out.append(f"... and {len(t.conflicts) - 5} more conflicts after {t.name}")
         if detail:
-            out += self._detail()
+            out += self._detail(GroupBy(group_by))
         return "\n".join(out)
 
-    def _detail(self) -> list[str]:
-        """Per tactic, the collectives it added, grouped by source line, costliest first."""
+    def _detail(self, group_by: GroupBy) -> list[str]:
+        """Per tactic, the collectives it added, grouped, costliest first."""
         out: list[str] = []
-        head = ["where", "layer", "est. time", "count", "collective", "bytes", "phase",
-                "op", "reason", "param", "id"]
+        other = GroupBy.LAYER if group_by is GroupBy.LINE else GroupBy.LINE
+        head = [str(group_by), str(other), "est. time", "count", "collective", "bytes",
+                "phase", "op", "reason", "param", "id"]
         for t in self.tactics:
             added = [r for r in t.records if r.tactic == t.name]
             if not added:
@@ -200,10 +202,9 @@ class Metadata:
             out += ["", f"collectives added by {t.name}: {len(added)}, est. "
                         f"{fmt_time(total)} per step"]
             rows = []
-            for where, group in _by_source(added):
+            for key, group in _grouped(added, group_by):
                 for i, r in enumerate(group):
-                    rows.append([where if i == 0 else "",
-                                 r.layer,
+                    rows.append([key if i == 0 else "", other.of(r),
                                  fmt_time(r.total_time_s), f"x{r.count}",
                                  f"{r.kind}[{','.join(r.axes)}]", fmt_bytes(r.bytes),
                                  str(r.phase), r.op.removeprefix("stablehlo."), str(r.reason),
@@ -344,14 +345,28 @@ def _table(head: list[str], rows: list[list[str]], right: Container[int]) -> lis
     return [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
-def _by_source(records: list[CollectiveRecord]) -> list[tuple[str, list[CollectiveRecord]]]:
-    """Records grouped by source line, the costliest group first, each costliest first (then
-    by layer)."""
+class GroupBy(enum.StrEnum):
+    """How the detail report groups a tactic's collectives."""
+
+    LINE = "line"  # the source line each serves
+    LAYER = "layer"  # `CollectiveRecord.layer`
+
+    def of(self, r: CollectiveRecord) -> str:
+        if self is GroupBy.LAYER:
+            return r.layer or "-"
+        return r.source.short if r.source else "(no source location)"
+
+
+def _grouped(records: list[CollectiveRecord], by: GroupBy
+             ) -> list[tuple[str, list[CollectiveRecord]]]:
+    """Records grouped, the costliest group first, each costliest first (then by the other
+    key and id)."""
     groups: dict[str, list[CollectiveRecord]] = {}
     for r in records:
-        groups.setdefault(r.source.short if r.source else "(no source location)", []).append(r)
+        groups.setdefault(by.of(r), []).append(r)
+    other = GroupBy.LAYER if by is GroupBy.LINE else GroupBy.LINE
     cost = lambda rs: -sum(r.total_time_s or 0.0 for r in rs)  # noqa: E731
-    return sorted(((k, sorted(g, key=lambda r: (cost([r]), r.layer, r.id)))
+    return sorted(((k, sorted(g, key=lambda r: (cost([r]), other.of(r), r.id)))
                    for k, g in groups.items()),
                   key=lambda kg: (cost(kg[1]), kg[0]))
 

@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detail", action="store_true",
                         help="per tactic, the collectives it added, with source line, op, "
                              "reason and bytes (Metadata.report(detail=True))")
+    parser.add_argument("--group-by", choices=("line", "layer"), default="line",
+                        help="group --detail's collectives by source line (default) or layer")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write the simulated timeline as Chrome trace-event JSON "
                              "(open in https://ui.perfetto.dev)")
@@ -359,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     except PartitionError as e:
         print(f"partir report: partitioning failed: {e}", file=sys.stderr)
         return 1
-    print(meta.report(detail=args.detail))
+    print(meta.report(detail=args.detail, group_by=args.group_by))
     if args.trace:
         meta.write_trace(args.trace)
         print(f"wrote {args.trace}", file=sys.stderr)

@@ -129,6 +129,18 @@ def test_a_conflict_is_reported_at_the_matmul_line():
     assert f"diag_model.py:{LINES['conflict']} conflict_step" in meta.report(detail=True)
 
 
+def test_detail_groups_by_line_or_by_layer(megatron):
+    by_line = megatron.report(detail=True).splitlines()
+    by_layer = megatron.report(detail=True, group_by="layer").splitlines()
+    down = f"diag_model.py:{LINES['down']} layer"
+    # by line: the down-projection's line heads one group, both layers' all_reduces in it
+    assert sum(line.lstrip().startswith(down) for line in by_line) == 1
+    # by layer: each call site of the layer function heads its own group
+    for call in ("layer0", "layer1"):
+        assert sum(line.lstrip().startswith(f"diag_model.py:{LINES[call]} loss_fn")
+                   for line in by_layer) == 1
+
+
 def test_counts_equal_records_for_every_row(bp_mp, megatron):
     for meta in (bp_mp, megatron):
         for row in meta.tactics:
