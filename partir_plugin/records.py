@@ -375,7 +375,8 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
             consumer = index.number(conv.consumer) if conv.consumer is not None else "return"
             key = (index.value_key(value), consumer, n)
         key = (*key, str(kind), axes)
-        cost, count = costs.get(op, (None, 0 if sim is not None else 1))
+        # not on a timeline: dead code the simulator dropped (0), or no timeline at all (1)
+        cost, count = costs.get(op, (None, 0 if costs else 1))
         nbytes = max(sum(v.type.nbytes for v in op.operands if v.type.is_tensor),
                      sum(r.type.nbytes for r in op.results if r.type.is_tensor))
         sid = _stable_id(key)
