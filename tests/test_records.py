@@ -285,6 +285,20 @@ def test_cli_writes_detail_trace_and_html(tmp_path):
     assert "<table>" in (tmp_path / "r.html").read_text()
 
 
+def test_locations_are_parsed_only_when_records_are_read(monkeypatch):
+    """Partitioning and the report's rows keep location objects; parsing them (the costly
+    part) waits for the first read of `records`, so partitioning time does not move."""
+    import partir_plugin.records as records
+
+    parsed = []
+    parse = records.parse_location
+    monkeypatch.setattr(records, "parse_location", lambda loc: parsed.append(loc) or parse(loc))
+    meta = report_for_function(dm.train_step, dm.example(), {"batch": 2, "model": 4},
+                               [BP, MP], HARDWARE)
+    assert meta.report() and not parsed  # rows made, counts and estimates read
+    assert meta.tactics[-1].records and parsed
+
+
 def test_records_are_exported():
     import partir_plugin.extend as extend
 
