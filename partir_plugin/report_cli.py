@@ -33,7 +33,7 @@ from typing import Any
 
 from .errors import PartitionError
 from .kernel import default_hardware_name
-from .metadata import BASELINE, Metadata, TacticReport
+from .metadata import BASELINE, GroupBy, Metadata, TacticReport
 
 
 class ReportInputError(ValueError):
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detail", action="store_true",
                         help="per tactic, the collectives it added, with source line, op, "
                              "reason and bytes (Metadata.report(detail=True))")
-    parser.add_argument("--group-by", choices=("line", "layer"), default="line",
+    parser.add_argument("--group-by", choices=[str(g) for g in GroupBy], default="line",
                         help="group --detail's collectives by source line (default) or layer")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write the simulated timeline as Chrome trace-event JSON "
