@@ -155,8 +155,9 @@ class CollectiveCost:
 class TimelineEvent:
     """One kernel of a simulated timeline, for traces and per-collective diagnostics: `ops`
     are the device-local ops it runs (its root; every member of a combined collective),
-    `collectives` their costs, one per op (collectives only). A loop's body appears once per
-    iteration. `inputs`/`outputs` are the values it reads and defines (for live bytes)."""
+    `collectives` their costs, one per op (collectives only). A loop (or branch) is an event
+    on the compute stream spanning the events of its body, once per iteration, that follow it.
+    `inputs`/`outputs` are the values it reads and defines (for live bytes)."""
 
     name: str
     stream: str  # "compute" or "comm"

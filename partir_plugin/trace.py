@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 TRACE_SCHEMA = "partir.trace/v1"
 COMPUTE_TID, COLLECTIVE_TID = 1, 2
-_US = 1e6  # trace times are microseconds
 
 
 def chrome_trace(tactics: Sequence[TacticReport], *, mesh: dict | None = None,
@@ -76,9 +75,16 @@ def _slice(pid: int, e: TimelineEvent, records: list[CollectiveRecord]) -> dict[
         args = _record_args(r)
     elif collective:
         args["members"] = [_record_args(r) for r in records]
+    start, end = _ns(e.start_s), _ns(e.start_s + e.duration_s)
     return {"ph": "X", "pid": pid, "tid": COLLECTIVE_TID if collective else COMPUTE_TID,
-            "ts": e.start_s * _US, "dur": e.duration_s * _US, "name": name,
+            "ts": start / 1e3, "dur": (end - start) / 1e3, "name": name,
             "cat": "collective" if collective else "compute", "args": args}
+
+
+def _ns(seconds: float) -> int:
+    """Times are written in whole nanoseconds (as viewers keep them): a kernel that starts
+    where another ends then starts exactly there, and slices nest without rounding overlaps."""
+    return round(seconds * 1e9)
 
 
 def _record_args(r: CollectiveRecord) -> dict[str, Any]:
@@ -113,6 +119,6 @@ def _live_bytes(pid: int, timeline: list[TimelineEvent]) -> list[dict[str, Any]]
     live, out = 0, []
     for t in sorted(changes):
         live += changes[t]
-        out.append({"ph": "C", "pid": pid, "ts": t * _US, "name": "live bytes",
+        out.append({"ph": "C", "pid": pid, "ts": _ns(t) / 1e3, "name": "live bytes",
                     "args": {"bytes": live}})
     return out

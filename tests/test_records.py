@@ -198,6 +198,32 @@ def _final_program_comm_s():
     return simulate(part.program.func, part.program.mesh, HARDWARE).communication_s
 
 
+def assert_nested(thread: list[dict]) -> None:
+    """Complete events on one thread either contain one another or do not overlap (in whole
+    nanoseconds, as the viewers keep them)."""
+    spans = sorted((round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in thread)
+    open_ends: list[int] = []
+    for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+        while open_ends and start >= open_ends[-1]:
+            open_ends.pop()
+        if open_ends:
+            assert end <= open_ends[-1], (start, end, open_ends[-1])
+        open_ends.append(end)
+
+
+def test_trace_of_a_loop_nests_its_body(tmp_path):
+    meta = report_for_function(dm.scan_train_step, dm.scan_example(), {"model": 4}, [MP],
+                               HARDWARE)
+    events = json.loads(meta.write_trace(tmp_path / "t.json").read_text())["traceEvents"]
+    compute = [e for e in events if e["ph"] == "X" and e["tid"] == 1 and e["pid"] == 1]
+    loops = [e for e in compute if e["name"].startswith("while")]
+    assert loops and all(e["name"].endswith(f"x{len(dm.LAYERS)}") for e in loops)
+    assert_nested(compute)
+    inside = [e for e in compute if e is not loops[0] and
+              loops[0]["ts"] <= e["ts"] < loops[0]["ts"] + loops[0]["dur"]]
+    assert inside  # the body's kernels, once per layer, within the loop's slice
+
+
 def test_trace_is_valid_and_its_collectives_add_up(tmp_path, bp_mp):
     path = bp_mp.write_trace(tmp_path / "trace.json")
     data = json.loads(path.read_text())
@@ -210,14 +236,13 @@ def test_trace_is_valid_and_its_collectives_add_up(tmp_path, bp_mp):
         if e["ph"] == "X":
             assert (e["pid"], None) in named and (e["pid"], e["tid"]) in named
             slices[e["pid"], e["tid"]].append(e)
-    for thread in slices.values():  # complete events on one thread nest (here: never overlap)
-        thread.sort(key=lambda e: e["ts"])
-        for a, b in zip(thread, thread[1:]):
-            assert b["ts"] >= a["ts"] + a["dur"] - 1e-6
+    for thread in slices.values():
+        assert_nested(thread)
     last_pid = len(bp_mp.tactics)
     comm = [e for e in slices[last_pid, 2]]
+    # each slice is written in whole nanoseconds: within a nanosecond per slice
     assert sum(e["dur"] for e in comm) * 1e-6 == pytest.approx(_final_program_comm_s(),
-                                                               rel=1e-6)
+                                                               abs=len(comm) * 1e-9)
     ids = [e["args"]["id"] for e in comm if "id" in e["args"]]
     ids += [m["id"] for e in comm for m in e["args"].get("members", [])]
     assert collections.Counter(ids) == collections.Counter(

@@ -36,17 +36,26 @@ def list_schedule(kernels: list[Kernel], owner: dict[Value, Value], overlap: boo
 
 
 def timeline_events(kernels: list[Kernel], starts: list[float]) -> list[TimelineEvent]:
-    """The kernels as timeline events: a loop or branch expanded into the events of the blocks
-    it runs, once per iteration, in order; a combined collective one event for its members."""
+    """The kernels as timeline events: a loop or branch as one event followed by the events of
+    the blocks it runs, once per iteration, in order (within its span); a combined collective
+    one event for its members."""
     events: list[TimelineEvent] = []
     for k, start in zip(kernels, starts):
-        if k.stream == "both":
+        if k.stream == "both":  # a slice for the loop or branch, its blocks' kernels inside
+            inner: list[TimelineEvent] = []
             offset = start
             for _ in range(k.repeats):
                 for part in k.parts:
-                    events += [dataclasses.replace(e, start_s=e.start_s + offset)
-                               for e in part.timeline]
+                    inner += [dataclasses.replace(e, start_s=e.start_s + offset)
+                              for e in part.timeline]
                     offset += part.runtime
+            # the loop ends with its last kernel (summing the parts in another order could
+            # leave it a rounding error short, and a child would stick out)
+            end = max([start + k.duration, *(e.start_s + e.duration_s for e in inner)])
+            name = short_name(k.root) + (f" x{k.repeats}" if k.repeats > 1 else "")
+            events.append(TimelineEvent(name, "compute", start, end - start, (k.root,), (),
+                                        tuple(k.inputs), tuple(k.outputs)))
+            events += inner
             continue
         members = k.members or [k]
         name = short_name(k.root)
