@@ -21,6 +21,8 @@ _EXPORTS = {
     "PartitionWarning": "tactics", "Budget": "search", "SearchResult": "search",
     "Decision": "search", "DecisionKind": "search", "FrozenPartition": "search",
     "hookimpl": "hookspecs",
+    "CollectiveRecord": "records", "SourceLocation": "records", "Phase": "records",
+    "Reason": "records",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,8 +22,10 @@ What is here, by the hook that needs it:
 - `partir_add_hardware`: `HardwareSpec`, `LinkClass`.
 - `partir_add_simulators`: the device-local program (`Func`, `Block`, `Op`, `Value`,
   `Region`), `Mesh`, `Collective` with `collective_kind` / `collective_axes` (how the lowering
-  marks its collectives), `SimulationResult`, `CollectiveCost`, `Simulator`.
+  marks its collectives), `SimulationResult`, `CollectiveCost`, `TimelineEvent`, `Simulator`.
 - `partir_add_cli_commands`: `parse_mesh` (the one `AXIS=SIZE,...` parser).
+- tools reading reports: `CollectiveRecord` (with `Reason`, `SourceLocation`), one per
+  collective of a report row (`TacticReport.records`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .errors import PartitionError, PluginError, UnknownNameError
 from .hookspecs import Override, hookimpl, override
 from .ir.graph import Block, Func, Op, Region, Value
 from .ir.types import TensorType
+from .records import CollectiveRecord, Reason, SourceLocation
 from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .simulation import (
     CollectiveCost,
@@ -46,6 +49,7 @@ from .simulation import (
     LinkClass,
     SimulationResult,
     Simulator,
+    TimelineEvent,
     resolve_hardware,
     resolve_simulator,
     simulate,
@@ -63,14 +67,13 @@ from .tmr_verifier import (
 
 __all__ = [
     "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective", "EntryVerdict",
-    "CollectiveCost", "Decision", "DecisionKind", "FrozenPartition", "Func", "HardwareSpec", "Leaf",
-    "LinkClass", "LoweringCache", "ManualPartition", "Mesh",
-    "Op", "Override", "PartitionError", "PartitionState", "PluginError", "Region",
-    "SearchResult", "SimulationResult", "Simulator", "SpmdProgram", "Sum", "TMREntry",
-    "VerificationReport",
-    "TacticContext", "TensorType", "TileMappingRegistry", "UnknownNameError", "Value",
-    "collective_axes", "collective_kind", "entries_from_shardy", "hookimpl", "lookup_dim",
-    "lower_to_spmd", "override", "parse_mesh", "propagate", "resolve_hardware",
-    "resolve_simulator", "simulate", "splat_value", "verify_entry", "verify_registry",
-    "verify_rule",
+    "CollectiveCost", "CollectiveRecord", "Decision", "DecisionKind", "FrozenPartition", "Func",
+    "HardwareSpec", "Leaf", "LinkClass", "LoweringCache", "ManualPartition", "Mesh", "Op",
+    "Override", "PartitionError", "PartitionState", "PluginError", "Reason", "Region",
+    "SearchResult", "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum",
+    "TMREntry", "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent",
+    "UnknownNameError", "Value", "VerificationReport", "collective_axes", "collective_kind",
+    "entries_from_shardy", "hookimpl", "lookup_dim", "lower_to_spmd", "override", "parse_mesh", "propagate",
+    "resolve_hardware", "resolve_simulator", "simulate", "splat_value", "verify_entry",
+    "verify_registry", "verify_rule",
 ]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import enum
+import functools
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Container, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .ir.locations import NO_LOCATIONS_HINT
 from .ir.types import format_bytes
+from .records import SCHEMA, CollectiveRecord, CollectiveSite
 from .search import SearchResult
+from .simulation import TimelineEvent
 from .spmd.collectives import COUNTED_KINDS, Collective
 
 # The name of the report's first row when it shows the unpartitioned program.
@@ -32,11 +37,29 @@ class TacticReport:
     search: SearchResult | None = None
     # Conflicts resolved by redistribution so far (op, location, entry, moves, bytes).
     resolutions: list[str] = field(default_factory=list)
+    # Per collective op of the program, what the row knew when it was made; `records` turns
+    # them into `CollectiveRecord`s on first read (parsing source locations then).
+    sites: list[CollectiveSite] = field(default_factory=list, compare=False, repr=False)
+    # The simulated timeline of the program (kernels with their starts), for `write_trace`.
+    timeline: list[TimelineEvent] = field(default_factory=list, compare=False, repr=False)
+
+    @functools.cached_property
+    def records(self) -> list[CollectiveRecord]:
+        """One record per collective op of the program as it stands after this tactic, in
+        program order; grouped by kind they give `collectives`."""
+        return [site.record() for site in self.sites]
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain data, its records included (`records.SCHEMA`)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("sites", "timeline")}
+        if self.search is not None:
+            data["search"] = asdict(self.search)
+        data["records"] = [r.to_json() for r in self.records]
+        return data
 
 
-
-
-def _fmt_bytes(n) -> str:
+def fmt_bytes(n) -> str:
     return "-" if n is None else format_bytes(n)
 
 
@@ -107,7 +130,7 @@ def _jsonable(x) -> Any:
     return str(x)
 
 
-def _fmt_time(s) -> str:
+def fmt_time(s) -> str:
     if s is None:
         return "-"
     if s < 1e-3:
@@ -140,33 +163,15 @@ class Metadata:
         self.device_local_stablehlo = device_local_stablehlo
         return self
 
-    def report(self) -> str:
-        """A table, one row per tactic, with the change from the previous tactic."""
+    def report(self, detail: bool = False, group_by: GroupBy | str = "line") -> str:
+        """A table, one row per tactic, with the change from the previous tactic; with
+        `detail`, then per tactic the collectives it added (`records`), costliest first,
+        grouped by source line (`group_by="layer"`: by layer)."""
         if not self.tactics:
             return "(not partitioned yet: call the function or .lower(*args) first)"
-        head = ["tactic", *(k.short for k in COUNTED_KINDS), "est. runtime", "Δ runtime",
-                "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
-        rows = []
-        prev = None
-        for t in self.tactics:
-            c = t.collectives
-            d_rt = d_mem = "-"
-            if prev is not None and t.estimated_runtime_s is not None and \
-                    prev.estimated_runtime_s:
-                d_rt = f"{t.estimated_runtime_s / prev.estimated_runtime_s:.2f}x"
-            if prev is not None and t.estimated_peak_memory_bytes is not None and \
-                    prev.estimated_peak_memory_bytes:
-                d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
-            rows.append([t.name, *(str(c.get(k, 0)) for k in COUNTED_KINDS), _fmt_time(
-                t.estimated_runtime_s), d_rt, _fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
-                str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
-            prev = t
-        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        line = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w)
-                                   for i, (x, w) in enumerate(zip(r, widths)))
-        out = [f"mesh {self.mesh}{self._hardware_note()}", line(head),
-               line(["-" * w for w in widths])]
-        out += [line(r) for r in rows]
+        head, rows = tactic_table(self.tactics)
+        out = [f"mesh {self.mesh}{self._hardware_note()}",
+               *_table(head, rows, right=range(1, len(head)))]
         last = self.tactics[-1]
         if last.unsupported_ops:
             out.append("ops without a TMR rule, kept replicated: " + ", ".join(
@@ -180,7 +185,56 @@ class Metadata:
                 out.append(f"conflict after {t.name}: {c}")
             if len(t.conflicts) > 5:
                 out.append(f"... and {len(t.conflicts) - 5} more conflicts after {t.name}")
+        if detail:
+            out += self._detail(GroupBy(group_by))
         return "\n".join(out)
+
+    def _detail(self, group_by: GroupBy) -> list[str]:
+        """Per tactic, the collectives it added, grouped, costliest first."""
+        out: list[str] = []
+        other = GroupBy.LAYER if group_by is GroupBy.LINE else GroupBy.LINE
+        head = [str(group_by), str(other), "est. time", "count", "collective", "bytes",
+                "phase", "op", "reason", "param", "id"]
+        for t in self.tactics:
+            added = [r for r in t.records if r.tactic == t.name]
+            if not added:
+                continue
+            total = sum(r.total_time_s or 0.0 for r in added)
+            out += ["", f"collectives added by {t.name}: {len(added)}, est. "
+                        f"{fmt_time(total)} per step"]
+            rows = []
+            for key, group in _grouped(added, group_by):
+                for i, r in enumerate(group):
+                    rows.append([key if i == 0 else "", other.of(r),
+                                 fmt_time(r.total_time_s), f"x{r.count}",
+                                 f"{r.kind}[{','.join(r.axes)}]", fmt_bytes(r.bytes),
+                                 str(r.phase), r.op.removeprefix("stablehlo."), str(r.reason),
+                                 r.param or "", r.id])
+            out += ["  " + line for line in _table(head, rows, right=(2, 3, 5))]
+        records = [r for t in self.tactics for r in t.records]
+        unplaced = sum(r.source is None for r in records)
+        if records and unplaced == len(records):
+            out.append(f"note: {NO_LOCATIONS_HINT}")
+        elif unplaced:
+            out.append(f"note: {unplaced} collectives serve ops that jax lowered without a "
+                       f"source location")
+        return out
+
+    def write_trace(self, path) -> Path:
+        """Write the simulated timeline of the program after each tactic as Chrome
+        trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing):
+        kernels and collectives on separate threads, each collective's record in its args,
+        a counter of live bytes; one process per tactic."""
+        from .trace import write_trace
+
+        return write_trace(self.tactics, path, mesh=self.mesh, hardware=self.hardware)
+
+    def write_html(self, path) -> Path:
+        """Write one self-contained HTML report (no network loads): the per-tactic table and
+        the costliest collectives with their source lines and the decision behind each."""
+        from .html_report import write_html
+
+        return write_html(self, path)
 
     def _hardware_note(self) -> str:
         """", hardware NAME", saying when NAME is the default spec (no `hardware=` needed)."""
@@ -199,7 +253,8 @@ class Metadata:
         return _jsonable({
             "mesh": dict(self.mesh) if self.mesh is not None else None,
             "hardware": self.hardware,
-            "tactics": [asdict(t) for t in self.tactics],
+            "records_schema": SCHEMA,
+            "tactics": [t.to_json() for t in self.tactics],
             "in_shardings": shardings_to_specs(self.in_shardings),
             "out_shardings": shardings_to_specs(self.out_shardings),
         })
@@ -254,6 +309,67 @@ class Metadata:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format=path.suffix.lstrip(".").lower() or "png")
         return path
+
+
+def tactic_table(tactics: Sequence[TacticReport]) -> tuple[list[str], list[list[str]]]:
+    """The report's columns and one row per tactic, with the change from the previous one
+    (the text report and the HTML report show the same table)."""
+    head = ["tactic", *(k.short for k in COUNTED_KINDS), "est. runtime", "Δ runtime",
+            "est. peak mem", "Δ mem", "conflicts", "est. GFLOP"]
+    rows = []
+    prev = None
+    for t in tactics:
+        c = t.collectives
+        d_rt = d_mem = "-"
+        if prev is not None and t.estimated_runtime_s is not None and \
+                prev.estimated_runtime_s:
+            d_rt = f"{t.estimated_runtime_s / prev.estimated_runtime_s:.2f}x"
+        if prev is not None and t.estimated_peak_memory_bytes is not None and \
+                prev.estimated_peak_memory_bytes:
+            d_mem = f"{t.estimated_peak_memory_bytes / prev.estimated_peak_memory_bytes:.2f}x"
+        rows.append([t.name, *(str(c.get(k, 0)) for k in COUNTED_KINDS), fmt_time(
+            t.estimated_runtime_s), d_rt, fmt_bytes(t.estimated_peak_memory_bytes), d_mem,
+            str(len(t.conflicts)), _fmt_gflop(t.estimated_flops)])
+        prev = t
+    return head, rows
+
+
+def _table(head: list[str], rows: list[list[str]], right: Container[int]) -> list[str]:
+    """Aligned text columns (those in `right` right-aligned, numbers): the header, a rule,
+    the rows."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(x.rjust(w) if i in right else x.ljust(w)
+                         for i, (x, w) in enumerate(zip(r, widths))).rstrip()
+
+    return [line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+class GroupBy(enum.StrEnum):
+    """How the detail report groups a tactic's collectives."""
+
+    LINE = "line"  # the source line each serves
+    LAYER = "layer"  # `CollectiveRecord.layer`
+
+    def of(self, r: CollectiveRecord) -> str:
+        if self is GroupBy.LAYER:
+            return r.layer or "-"
+        return r.source.short if r.source else "(no source location)"
+
+
+def _grouped(records: list[CollectiveRecord], by: GroupBy
+             ) -> list[tuple[str, list[CollectiveRecord]]]:
+    """Records grouped, the costliest group first, each costliest first (then by the other
+    key and id)."""
+    groups: dict[str, list[CollectiveRecord]] = {}
+    for r in records:
+        groups.setdefault(by.of(r), []).append(r)
+    other = GroupBy.LAYER if by is GroupBy.LINE else GroupBy.LINE
+    cost = lambda rs: -sum(r.total_time_s or 0.0 for r in rs)  # noqa: E731
+    return sorted(((k, sorted(g, key=lambda r: (cost([r]), other.of(r), r.id)))
+                   for k, g in groups.items()),
+                  key=lambda kg: (cost(kg[1]), kg[0]))
 
 
 def _time_scale(values) -> tuple[float, str]:

@@ -18,10 +18,11 @@ from .core.resolution import ConflictPolicy
 from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry
 from .errors import PartitionError, UnknownNameError
-from .ir.graph import Func, gc_paused
+from .ir.graph import Func, gc_paused, walk
 from .ir.importer import import_lowered
 from .metadata import TacticReport
-from .simulation import HardwareSpec
+from .records import ProgramIndex, attribute_tactics, collective_sites
+from .simulation import HardwareSpec, SimulationResult
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 
 
@@ -137,10 +138,12 @@ class TacticReports(Sequence[TacticReport]):
         if self._rows is None:
             with gc_paused():
                 cache, memo, rows = LoweringCache(), {}, []
+                index = ProgramIndex(self._after[0].state) if self._after else None
                 for t in self._after:
                     program = lower_to_spmd(t.state, cache)
                     rows.append(tactic_report(t.name, program, t.state, self._hardware,
-                                              t.actions, memo, t.search))
+                                              t.actions, memo, t.search, index))
+                attribute_tactics((row.name, row.sites) for row in rows)
             self._rows, self._after = rows, []
         return self._rows
 
@@ -165,36 +168,48 @@ class TacticReports(Sequence[TacticReport]):
         return repr(self._made()) if self.made else f"<{len(self)} tactic reports, not made yet>"
 
 
-def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: dict | None = None
-             ) -> tuple[float | None, int | None, float | None]:
-    """(runtime s, peak bytes, flops) from the default simulator plugin on `hardware` (None:
-    the default spec the hardware plugins name), or Nones when no simulator, or no default
-    spec, is installed. `memo` carries the simulator's per-op work from one tactic's program
-    to the next."""
+def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: dict | None = None,
+             *, timeline: bool = False) -> SimulationResult | None:
+    """The default simulator plugin's estimate on `hardware` (None: the default spec the
+    hardware plugins name), or None when no simulator, or no default spec, is installed.
+    `memo` carries the simulator's per-op work from one tactic's program to the next;
+    `timeline` asks for every kernel's start (a simulator without that option does without)."""
     from .kernel import default_simulator_name
     from .simulation import resolve_hardware, simulate
 
     if default_simulator_name() is None:
-        return None, None, None
+        return None
     try:
         spec = resolve_hardware(hardware)
     except UnknownNameError:
         if hardware is None:  # no hardware plugin offers a default: no estimates
-            return None, None, None
+            return None
         raise
-    options = {"memo": memo} if memo is not None else {}
-    result = simulate(program.func, program.mesh, spec, **options)
-    return result.runtime_s, result.peak_memory_bytes, result.flops
+    options: dict = {"memo": memo} if memo is not None else {}
+    if timeline:
+        options["timeline"] = True
+    return simulate(program.func, program.mesh, spec, **options)
 
 
 def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardware,
                   actions: list[str] | None = None, memo: dict | None = None,
-                  search=None) -> TacticReport:
-    """The report row for the program as it stands (the one place rows are assembled)."""
-    runtime, peak, flops = estimate(program, hardware, memo)
-    return TacticReport(name, dict(program.counts), runtime, peak, flops,
+                  search=None, index: ProgramIndex | None = None) -> TacticReport:
+    """The report row for the program as it stands (the one place rows are assembled), with
+    a site per collective (`TacticReport.records`; `index` is shared by a schedule's rows)."""
+    result = estimate(program, hardware, memo, timeline=True)
+    if index is None:
+        index = ProgramIndex(state)
+    sites = collective_sites(walk(program.func.ops), state, result, index)
+    for s in sites:
+        s.tactic = name
+    return TacticReport(name, dict(program.counts),
+                        result.runtime_s if result is not None else None,
+                        result.peak_memory_bytes if result is not None else None,
+                        result.flops if result is not None else None,
                         [str(c) for c in state.conflicts], dict(state.unsupported),
-                        list(actions or []), search, [str(r) for r in state.resolutions])
+                        list(actions or []), search, sites=sites,
+                        resolutions=[str(r) for r in state.resolutions],
+                        timeline=result.timeline if result is not None else [])
 
 
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,

@@ -12,6 +12,10 @@ A schedule file is Python defining `schedule = [...]` (tactics such as
 "REPLICATED", "FIRST_DIVISIBLE_DIM", "UNKNOWN" or a nested object over the argument's keys;
 `--schedule-json` takes the JSON text or a path to a file holding it.
 
+`--detail` adds, per tactic, the collectives it added with their source lines; `--trace` writes
+the simulated timeline for Perfetto, `--html` a self-contained HTML report. A StableHLO file
+keeps its source locations when printed with them (`.as_text(debug_info=True)`).
+
 The first row, "(replicated)", is the unpartitioned program (every tactic's Δ is relative to the
 row above it); `--no-baseline` leaves it out.
 """
@@ -29,7 +33,7 @@ from typing import Any
 
 from .errors import PartitionError
 from .kernel import default_hardware_name
-from .metadata import BASELINE, Metadata, TacticReport
+from .metadata import BASELINE, GroupBy, Metadata, TacticReport
 
 
 class ReportInputError(ValueError):
@@ -62,6 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="omit the first row, the unpartitioned program")
     parser.add_argument("--plot", metavar="OUT.png", help="write a plot of the report")
     parser.add_argument("--json", metavar="OUT.json", help="write Metadata.to_json()")
+    parser.add_argument("--detail", action="store_true",
+                        help="per tactic, the collectives it added, with source line, op, "
+                             "reason and bytes (Metadata.report(detail=True))")
+    parser.add_argument("--group-by", choices=[str(g) for g in GroupBy], default="line",
+                        help="group --detail's collectives by source line (default) or layer")
+    parser.add_argument("--trace", metavar="OUT.json",
+                        help="write the simulated timeline as Chrome trace-event JSON "
+                             "(open in https://ui.perfetto.dev)")
+    parser.add_argument("--html", metavar="OUT.html",
+                        help="write a self-contained HTML report")
 
 
 # --- parsing inputs ------------------------------------------------------------------------
@@ -347,7 +361,13 @@ def run(args: argparse.Namespace) -> int:
     except PartitionError as e:
         print(f"partir report: partitioning failed: {e}", file=sys.stderr)
         return 1
-    print(meta.report())
+    print(meta.report(detail=args.detail, group_by=args.group_by))
+    if args.trace:
+        meta.write_trace(args.trace)
+        print(f"wrote {args.trace}", file=sys.stderr)
+    if args.html:
+        meta.write_html(args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)

@@ -151,6 +151,24 @@ class CollectiveCost:
     count: int = 1
 
 
+@dataclass(frozen=True, eq=False)
+class TimelineEvent:
+    """One kernel of a simulated timeline, for traces and per-collective diagnostics: `ops`
+    are the device-local ops it runs (its root; every member of a combined collective),
+    `collectives` their costs, one per op (collectives only). A loop (or branch) is an event
+    on the compute stream spanning the events of its body, once per iteration, that follow it.
+    `inputs`/`outputs` are the values it reads and defines (for live bytes)."""
+
+    name: str
+    stream: str  # "compute" or "comm"
+    start_s: float
+    duration_s: float
+    ops: tuple = ()
+    collectives: tuple[CollectiveCost, ...] = ()
+    inputs: tuple = ()
+    outputs: tuple = ()
+
+
 @dataclass
 class SimulationResult:
     """Estimated cost of one device-local program on one device of the mesh.
@@ -179,6 +197,8 @@ class SimulationResult:
     simulator: str = ""
     overlap: bool = False
     memory_limit_bytes: int = 0
+    # Every kernel with its start, when the simulator was asked for it (`timeline=True`).
+    timeline: list[TimelineEvent] = field(default_factory=list)
 
     @property
     def collective_counts(self) -> dict[str, int]:
@@ -193,7 +213,9 @@ class SimulationResult:
         return self.memory_limit_bytes <= 0 or self.peak_memory_bytes <= self.memory_limit_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        """The figures as plain data (the timeline, which holds IR, is left out)."""
+        data = dataclasses.asdict(dataclasses.replace(self, timeline=[]))
+        del data["timeline"]
         data["collective_counts"] = self.collective_counts
         data["fits_in_memory"] = self.fits_in_memory
         return data
@@ -254,6 +276,9 @@ def resolve_simulator(simulator: str | Simulator | None = None) -> Simulator:
     return registry[simulator]
 
 
+_OPTIONAL = ("memo", "timeline")  # options a simulator may ignore
+
+
 def simulate(func, mesh, hardware: str | HardwareSpec | None, *, overlap: bool = False,
              simulator: str | Simulator | None = None, **options) -> SimulationResult:
     """Estimate runtime, flops and peak memory of the device-local `func` on one device.
@@ -262,15 +287,17 @@ def simulate(func, mesh, hardware: str | HardwareSpec | None, *, overlap: bool =
     `simulator` are names registered by plugins or objects (None: the plugins' defaults).
     `overlap` lets communication run alongside independent compute; extra `options` (e.g.
     `donated_args`) go to the simulator. `memo`, a dict the caller keeps across simulations
-    of programs that share ops, is a cache: a simulator without that parameter does without.
+    of programs that share ops, is a cache, and `timeline=True` asks for
+    `SimulationResult.timeline`: a simulator without those parameters does without.
     """
     spec = resolve_hardware(hardware)
     sim = resolve_simulator(simulator)
     params = inspect.signature(sim).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = dict(options)
-    if "memo" not in params and not takes_any:
-        kwargs.pop("memo", None)
+    for optional in _OPTIONAL:
+        if optional not in params and not takes_any:
+            kwargs.pop(optional, None)
     if overlap or "overlap" in params or takes_any:
         kwargs["overlap"] = overlap
     unknown = [k for k in kwargs if k not in params and not takes_any]

@@ -195,7 +195,7 @@ def test_bp_divides_per_device_flops_by_k_and_the_report_shows_it():
     traced = trace(step, args)
     empty = apply_schedule(traced.func, traced.leaves, Mesh.of({"batch": 8}), [],
                            arg_names=traced.arg_names)
-    _, _, empty_flops = estimate(empty.program, "a100-40gb")
+    empty_flops = estimate(empty.program, "a100-40gb").flops
     meta = report_for_function(step, args, {"batch": 8}, [bp], "a100-40gb")
     base, after = meta.tactics
     assert base.name == BASELINE and after.name == "BP"

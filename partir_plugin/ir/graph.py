@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .types import TensorType
@@ -38,7 +38,7 @@ class Op:
     """An operation. `rule` is the parsed Shardy sharding rule, when Shardy has one."""
 
     __slots__ = ("name", "operands", "results", "attributes", "regions", "rule", "captures",
-                 "_location")
+                 "_location", "mlir_location", "origin")
 
     def __init__(self, name: str, operands: list[Value], result_types: list[TensorType],
                  attributes: dict[str, str] | None = None, regions: list[Region] | None = None):
@@ -50,19 +50,24 @@ class Op:
         self.rule = None
         # Values defined outside and used inside this op's regions (implicit operands).
         self.captures: list[Value] = []
-        self._location: str | Callable[[], str | None] | None = None
+        self._location: str | None = None
+        # The imported op's MLIR location object (`ir.locations` parses it when a message or
+        # a diagnostic names the op: parsing every op would cost more than importing it).
+        self.mlir_location: object | None = None
+        # Why a pass made this op: the lowering puts its `Conversion` on each collective.
+        self.origin: object | None = None
 
     @property
     def location(self) -> str | None:
-        """The op's name location (jax's name stack), for messages. The importer may leave a
-        function that finds it: printing every op's MLIR location costs more than importing
-        the op, and only ops named in a message need it."""
-        if callable(self._location):
-            self._location = self._location()
+        """The op's name location (jax's name stack), for messages."""
+        if self._location is None and self.mlir_location is not None:
+            from .locations import location_name
+
+            self._location = location_name(self.mlir_location)
         return self._location
 
     @location.setter
-    def location(self, value: str | Callable[[], str | None] | None) -> None:
+    def location(self, value: str | None) -> None:
         self._location = value
 
     @property

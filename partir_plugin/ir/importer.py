@@ -8,16 +8,15 @@ ops.
 
 from __future__ import annotations
 
-import functools
 import re
 
 from jaxlib.mlir import ir, passmanager
 
 from .graph import Block, Func, Op, Region, Value, gc_paused, walk
+from .locations import location_name
 from .types import TensorType
 
 _RULE_ATTR = "sdy.sharding_rule"
-_NAME = re.compile(r'loc\("([^"]*)"')
 _TAG = re.compile(r"partir_tag\[([^\]]+)\]")
 _IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
 TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an identity)
@@ -27,11 +26,6 @@ def make_context() -> ir.Context:
     from jax._src.interpreters import mlir as jax_mlir
 
     return jax_mlir.make_ir_context()
-
-
-def _location_name(location: ir.Location) -> str | None:
-    m = _NAME.match(str(location))
-    return m.group(1) if m else None
 
 
 def _type(t: ir.Type) -> TensorType:
@@ -130,14 +124,14 @@ class _Importer:
             new = Op(name, [env[v] for v in op.operands],
                      [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule
+            # Kept, not parsed: parsed when a message or a record names the op (the MLIR
+            # context lives as long as the location object).
+            new.mlir_location = op.location
             if name == TAG_OP:
-                new.location = _location_name(op.location)
-                t = _TAG.search(new.location or "")
+                t = _TAG.search(location_name(new.mlir_location) or "")
                 if t:
                     new.results[0].tag = t.group(1)
                     self.tags.setdefault(t.group(1), []).append(new.results[0])
-            else:  # found when a message needs it (the MLIR context lives as long)
-                new.location = functools.partial(_location_name, op.location)
             if regions:
                 new.captures = _captures(new)
             for r, v in zip(results, new.results):

@@ -22,6 +22,7 @@ from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .collectives import Collective, count_collectives, mark
 from .layout import Layout
+from .provenance import Conversion, mark_origin
 
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
                 "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
@@ -429,6 +430,7 @@ class _Lowering:
         self.top = True  # lowering top-level ops (segments are cached only there)
         self.defined: set[Value] = set()  # local values the top-level block defines so far
         self._swept = 0
+        self.consumer: Op | None = None  # the op being lowered (None: the function's return)
 
     def declared(self, v: Value) -> Layout:
         return Layout.from_tiles(v.type.rank, self.state.tiles_of(v))
@@ -450,6 +452,7 @@ class _Lowering:
                 return hit.outputs[0]
         start = len(self.em.block.ops)
         y = convert(self.em, x, have, want)
+        mark_origin(self.em.block.ops[start:], Conversion(v, self.consumer, have, want))
         if caching:
             self.cache.conversions[(v, have, want)] = _Segment(self.em.block.ops[start:], [x],
                                                                [y])
@@ -499,6 +502,7 @@ class _Lowering:
         for op in func.ops:
             self.lower_op(op)
         out_layouts, returns = [], []
+        self.consumer = None
         for v in func.returns:
             layout = self.local[v][1] if self.as_produced else self.declared(v)
             out_layouts.append(layout)
@@ -510,6 +514,7 @@ class _Lowering:
                            count_collectives(walk(self.body.ops)))
 
     def lower_op(self, op: Op) -> None:
+        self.consumer = op
         if op.name in ("stablehlo.while", "stablehlo.case"):
             self._lower_regions(op)
             return
@@ -612,6 +617,7 @@ class _Lowering:
             for inner in block.ops[:-1]:
                 self.lower_op(inner)
             term = block.ops[-1]
+            self.consumer = op  # values a region returns are converted for the loop or case
             is_condition = op.name == "stablehlo.while" and index == 0
             wanted = [self.declared(v) for v in term.operands] if is_condition else layouts
             returns = [self.use(v, lay) for v, lay in zip(term.operands, wanted)]

@@ -47,7 +47,7 @@ from .costs import BlockCost, Kernel, nbytes
 from .fusion import common_subexpressions, fused_values
 from .loops import trip_count
 from .opcost import short_name
-from .timeline import list_schedule
+from .timeline import list_schedule, timeline_events
 
 __all__ = ["simulate", "trip_count"]
 
@@ -70,8 +70,9 @@ def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
 
 class _Analyser:
     def __init__(self, mesh: Mesh, hardware, overlap: bool, fusion: bool,
-                 memo: dict | None = None):
+                 memo: dict | None = None, timeline: bool = False):
         self.mesh = mesh
+        self.timeline = timeline
         # Per-op work, kept across simulations of programs that share ops (the lowering after
         # each tactic reuses the device-local ops of what the tactic did not change).
         self.memo = memo if memo is not None else {}
@@ -135,7 +136,10 @@ class _Analyser:
                 kinds[r] = "temp"
 
         kernels = combine_collectives(kernels, owner, self.hw, cost)
-        cost.runtime = list_schedule(kernels, owner, self.overlap)
+        starts: list[float] | None = [] if self.timeline else None
+        cost.runtime = list_schedule(kernels, owner, self.overlap, starts)
+        if starts is not None:
+            cost.timeline = timeline_events(kernels, starts)
         assign_buffers(kernels, owner, kinds, returns, cost, top)
         return cost
 
@@ -220,7 +224,8 @@ class _Analyser:
             chosen, times = [max(branches, key=lambda b: b.runtime)], 1
             parts = branches
         k = Kernel(op, list(op.inputs), list(op.results), "both",
-                    shareable=tuple(op.inputs) if short_name(op) == "while" else ())
+                    shareable=tuple(op.inputs) if short_name(op) == "while" else (),
+                    parts=chosen, repeats=times)
         for part in chosen:
             k.duration += times * part.runtime
             k.compute_s += times * part.compute_s
@@ -258,17 +263,18 @@ def layout_copy(op: Op) -> Op | None:
 
 def simulate(func: Func, mesh: Mesh, hardware, *, overlap: bool = False,
              donated_args: Sequence[int] = (), fusion: bool = True,
-             memo: dict | None = None) -> SimulationResult:
+             memo: dict | None = None, timeline: bool = False) -> SimulationResult:
     """Estimate one device's runtime, flops and peak memory for the device-local `func`.
 
     `hardware` is a `HardwareSpec` (or an object with its methods). `donated_args` are argument
     indices whose buffers outputs may reuse (each donated argument aliases the first unaliased
     output of the same byte size), subtracted as XLA's alias bytes. `memo` (a dict the
-    caller keeps) carries per-op work from one simulation to the next.
+    caller keeps) carries per-op work from one simulation to the next. `timeline` fills
+    `SimulationResult.timeline` with every kernel and its start.
     """
     mesh = Mesh.of(mesh)
-    cost = _Analyser(mesh, hardware, overlap, fusion, memo).block(func.body, func.returns,
-                                                                  top=True)
+    cost = _Analyser(mesh, hardware, overlap, fusion, memo, timeline).block(
+        func.body, func.returns, top=True)
     argument_bytes = sum(nbytes(a) for a in func.args)
     alias = 0
     free_outputs = [nbytes(v) for v in dict.fromkeys(func.returns)]
@@ -288,4 +294,4 @@ def simulate(func: Func, mesh: Mesh, hardware, *, overlap: bool = False,
         kernels=cost.kernels, unknown_ops=sorted(cost.unknown_ops),
         unknown_trip_counts=cost.unknown_trips, hardware=getattr(hardware, "name", ""),
         simulator="analytical", overlap=overlap,
-        memory_limit_bytes=int(getattr(hardware, "memory_bytes", 0)))
+        memory_limit_bytes=int(getattr(hardware, "memory_bytes", 0)), timeline=cost.timeline)

@@ -72,7 +72,7 @@ def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], hardwa
         cost.comm_s += duration - sum(k.duration for k in members)
         merged = Kernel(members[0].root, [v for k in members for v in k.inputs],
                         [v for k in members for v in k.outputs], "comm", duration,
-                        comm_s=duration)
+                        comm_s=duration, members=members)
         for i in group.members[:-1]:
             out[i] = None
         out[group.members[-1]] = merged

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partir_plugin.extend import CollectiveCost, Op, Value
+from partir_plugin.extend import CollectiveCost, Op, TimelineEvent, Value
 
 
 def nbytes(v: Value) -> int:
@@ -29,6 +29,10 @@ class Kernel:
     # Inputs whose buffer the result may take over when read for the last time.
     shareable: tuple[Value, ...] = ()
     collective: CollectiveCost | None = None  # a collective's cost record
+    members: list[Kernel] = field(default_factory=list)  # a combined collective's parts
+    # A loop or branch: the blocks that run, in order, `repeats` times (for timelines).
+    parts: list[BlockCost] = field(default_factory=list)
+    repeats: int = 1
 
 
 @dataclass
@@ -48,3 +52,5 @@ class BlockCost:
     unknown_trips: int = 0
     # Top level only: returned buffers that are not temporaries (arguments or constants).
     output_bytes: int = 0
+    # The block's kernels with their starts (from 0), when a timeline was asked for.
+    timeline: list[TimelineEvent] = field(default_factory=list)

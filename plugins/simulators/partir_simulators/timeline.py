@@ -3,14 +3,19 @@ starting when its inputs are ready and its stream is free (DESIGN.md §2.5)."""
 
 from __future__ import annotations
 
-from partir_plugin.extend import Value
+import dataclasses
+
+from partir_plugin.extend import TimelineEvent, Value
 
 from .costs import Kernel
+from .opcost import short_name
 
 
-def list_schedule(kernels: list[Kernel], owner: dict[Value, Value], overlap: bool) -> float:
+def list_schedule(kernels: list[Kernel], owner: dict[Value, Value], overlap: bool,
+                  starts: list[float] | None = None) -> float:
     """List-schedule kernels in program order on a compute and a communication stream; the
-    end time. Without `overlap` the two streams are one."""
+    end time. Without `overlap` the two streams are one. Each kernel's start is appended to
+    `starts` when given."""
     ready: dict[Value, float] = {}
     free = {"compute": 0.0, "comm": 0.0}
     for k in kernels:
@@ -23,6 +28,41 @@ def list_schedule(kernels: list[Kernel], owner: dict[Value, Value], overlap: boo
             start = max(start, free[k.stream])
             end = start + k.duration
             free[k.stream] = end
+        if starts is not None:
+            starts.append(start)
         for r in k.outputs:
             ready[r] = end
     return max(free.values())
+
+
+def timeline_events(kernels: list[Kernel], starts: list[float]) -> list[TimelineEvent]:
+    """The kernels as timeline events: a loop or branch as one event followed by the events of
+    the blocks it runs, once per iteration, in order (within its span); a combined collective
+    one event for its members."""
+    events: list[TimelineEvent] = []
+    for k, start in zip(kernels, starts):
+        if k.stream == "both":  # a slice for the loop or branch, its blocks' kernels inside
+            inner: list[TimelineEvent] = []
+            offset = start
+            for _ in range(k.repeats):
+                for part in k.parts:
+                    inner += [dataclasses.replace(e, start_s=e.start_s + offset)
+                              for e in part.timeline]
+                    offset += part.runtime
+            # the loop ends with its last kernel (summing the parts in another order could
+            # leave it a rounding error short, and a child would stick out)
+            end = max([start + k.duration, *(e.start_s + e.duration_s for e in inner)])
+            name = short_name(k.root) + (f" x{k.repeats}" if k.repeats > 1 else "")
+            events.append(TimelineEvent(name, "compute", start, end - start, (k.root,), (),
+                                        tuple(k.inputs), tuple(k.outputs)))
+            events += inner
+            continue
+        members = k.members or [k]
+        name = short_name(k.root)
+        if len(members) > 1:
+            name = f"{name} x{len(members)} (combined)"
+        events.append(TimelineEvent(
+            name, k.stream, start, k.duration, tuple(m.root for m in members),
+            tuple(m.collective for m in members if m.collective is not None),
+            tuple(k.inputs), tuple(k.outputs)))
+    return events
