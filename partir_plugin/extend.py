@@ -73,7 +73,8 @@ __all__ = [
     "SearchResult", "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum",
     "TMREntry", "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent",
     "UnknownNameError", "Value", "VerificationReport", "collective_axes", "collective_kind",
-    "entries_from_shardy", "hookimpl", "lookup_dim", "lower_to_spmd", "override", "parse_mesh", "propagate",
+    "entries_from_shardy", "hookimpl", "lookup_dim", "lower_to_spmd", "override", "parse_mesh",
+    "propagate",
     "resolve_hardware", "resolve_simulator", "simulate", "splat_value", "verify_entry",
     "verify_registry", "verify_rule",
 ]
