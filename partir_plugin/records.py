@@ -39,6 +39,7 @@ class Reason(enum.StrEnum):
     PARTIAL_SUM = "partial sum"  # an op summed over a tiled dimension: its partials reduced
     GATHER = "gather for use"  # a consumer needs more of a tiled value than one tile
     CONFLICT = "conflict"  # propagation stopped at the consumer: its operand is gathered
+    RESOLVED = "conflict resolved"  # the consumer's conflict was resolved by moving this value
     RESHARD = "reshard"  # a tiling moves between dimensions or axes (all_to_all, permute)
     BOUNDARY = "boundary"  # the function returns the value in its declared layout
     LOOP = "loop-carried"  # a loop or branch carries the value in one layout
@@ -304,6 +305,8 @@ def _reason(conv: Conversion, kind: Collective, axes: tuple[str, ...],
     consumer = conv.consumer
     if consumer is None:
         return Reason.BOUNDARY
+    if any((consumer, a) in state.resolved for a in axes):
+        return Reason.RESOLVED
     if any(_conflict(conv, a, state) for a in axes):
         return Reason.CONFLICT
     if consumer.name in ("stablehlo.while", "stablehlo.case"):

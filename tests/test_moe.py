@@ -156,6 +156,11 @@ def test_bp_ep_moves_tokens_not_experts(step_and_reference) -> None:
     report = meta.report()
     assert "resolved after EP: stablehlo.dot_general at " in report
     assert "moe/up/egcd,edf->egcf" in report and "all_to_all" in report
+    # The records name the decision and the model's line behind each all_to_all.
+    moved = [r for r in meta.tactics[-1].records if str(r.kind) == "all_to_all"]
+    assert len(moved) == 4 and {str(r.reason) for r in moved} == {"conflict resolved"}
+    assert all(r.source is not None and r.source.file.endswith("moe.py") for r in moved)
+    assert {str(r.phase) for r in moved} == {"forward", "backward"}
 
 
 def test_two_layers_two_all_to_alls_each() -> None:

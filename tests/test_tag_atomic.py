@@ -19,8 +19,22 @@ def gram_tagged(x):
 X = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (256, 256)))
 
 
-def test_transpose_conflict_is_recorded_not_resolved():
+def test_transpose_conflict_is_resolved_or_recorded():
+    """x @ x.T with x tiled on rows: the dot's operands are tiled on different dimensions of
+    the same axis. By default the conflict is resolved as the paper's tagged program does it
+    (x.T gathered once, the dot stays tiled on rows); with conflicts="stop" it is recorded
+    and both operands are gathered (PartIR's semantics)."""
     step, meta = partir.jit(gram, {"M": 8}, [partir.ManualPartition({"x": 0}, axis="M")])
+    np.testing.assert_allclose(np.asarray(step(X)), np.asarray(jax.jit(gram)(X)),
+                               rtol=1e-4, atol=1e-3)
+    [resolution] = meta.tactics[0].resolutions
+    assert resolution.startswith("stablehlo.dot_general at jit(gram)/dot_general on axis 'M'")
+    assert "operand 1 tensor<256x256xf32> tile<1> -> full (all_gather" in resolution
+    assert meta.tactics[0].conflicts == [] and meta.tactics[0].collectives["all_gather"] == 1
+    assert "resolved after x@M" in meta.report()
+
+    step, meta = partir.jit(gram, {"M": 8}, [partir.ManualPartition({"x": 0}, axis="M")],
+                            conflicts="stop")
     np.testing.assert_allclose(np.asarray(step(X)), np.asarray(jax.jit(gram)(X)),
                                rtol=1e-4, atol=1e-3)
     [conflict] = meta.tactics[0].conflicts

@@ -156,4 +156,5 @@ def resolve(state: PartitionState, op: Op, axis: str, partial: list[TMREntry]
     if best is None:
         return None
     state.resolutions.append(Resolution(op.name, axis, best, tuple(best_moves), op.location))
+    state.resolved.add((op, axis))
     return best

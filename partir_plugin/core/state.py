@@ -49,6 +49,7 @@ class PartitionState:
     # PartIR's strict semantics (stop at the op, which then gathers its operands).
     resolve_conflicts: bool = True
     resolutions: list = field(default_factory=list)  # resolution.Resolution, in order
+    resolved: set[tuple[Op, str]] = field(default_factory=set)  # (op, axis) of each
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -70,6 +71,7 @@ class PartitionState:
         new.tags = {k: list(v) for k, v in self.tags.items()}
         new.boundaries = set(self.boundaries)
         new.resolutions = list(self.resolutions)
+        new.resolved = set(self.resolved)
         new._reported = set(self._reported)
         return new
 
