@@ -24,7 +24,7 @@ from partir_plugin.extend import verify_entry, verify_registry, verify_rule
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.kernel import default_registry
-from partir_plugin.models import gns, inference_transformer, mlp, transformer, unet
+from partir_plugin.models import gns, inference_transformer, mlp, moe, transformer, unet
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_every_elementwise_entry_is_true(registry):
 
 
 def _model_ops(module, config):
-    params, state, batch = module.init(config, jax.random.PRNGKey(0))
+    params, state, batch = module.init(config, jax.random.key(0))
     step = (module.make_serve(config) if module is inference_transformer
             else module.make_train_step(config))
     return _ops(step, params, state, batch)
@@ -67,7 +67,8 @@ def _model_ops(module, config):
 MODELS = [(transformer, transformer.Config.small()),
           (transformer, transformer.Config.small(scan=True)),
           (inference_transformer, inference_transformer.Config.small()),
-          (unet, unet.Config.small()), (gns, gns.Config.small()), (mlp, mlp.Config.small())]
+          (unet, unet.Config.small()), (gns, gns.Config.small()), (mlp, mlp.Config.small()),
+          (moe, moe.Config.small(layers=1))]
 
 
 def test_every_entry_of_the_models_ops_is_true(registry):
