@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts \
-	bench-partition-time bench-autopart clean
+	bench-partition-time bench-autopart bench-context-parallel clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-autopart: $(STAMP)
 
 bench-paper-counts: $(STAMP)
 	$(BIN)/python benchmarks/paper_counts.py
+
+bench-context-parallel: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/context_parallel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

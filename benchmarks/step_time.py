@@ -461,6 +461,8 @@ def section(cases: list[Case], models: dict[str, str], runs: int, reps: int,
         "partitioning + compile time; the rest is printing the module and XLA's compile.",
         "",
         *analysis(cases),
+        harness.ANALYSIS_MARKER,  # a hand-written note after it survives a re-run
+        "",
     ]
     return "\n".join(lines)
 
@@ -513,6 +515,24 @@ def analysis(cases: list[Case]) -> list[str]:
                "4.7 ms) showed no penalty for the reduce-scatters themselves, so we attribute "
                "the gap to those copies and to the different op order in XLA:CPU's thunk "
                "executor, without having isolated it further." if no_rs else ""))
+    moe = [c for c in cases if c.model == "moe"]
+    if moe:
+        lines.append(
+            "- MoE (expert parallelism, issue 19): "
+            + "; ".join(f"{c.schedule} step {c.step_ratio:.2f}, memory {c.mem_ratio:.2f}, "
+                        f"compiled HLO ours {fmt_counts(c.ours.hlo_counts, SHORT_HLO)}, jax.jit "
+                        f"{fmt_counts(c.peer.hlo_counts, SHORT_HLO)}" for c in moe)
+            + ". Ours is GShard's plan: the dispatched tokens [E, G, C, D] move to their "
+            "experts with one all_to_all and back with one, their transposes in the backward "
+            "pass, and no expert weight is gathered. From the same shardings XLA's SPMD "
+            "partitioner logs \"Involuntary full rematerialization\" at the transposes around "
+            "the dispatch and combine einsums (it cannot go from the expert-tiled layout to the "
+            "group-tiled one directly): it all-gathers those activations over the expert axis "
+            "(and the FFN's hidden activations), then re-slices them (collective-permutes "
+            "under BP+EP+MP), which costs it time and temporary memory. Under BP+EP+MP ours "
+            "also has, per layer, one all_gather on the expert axis in the backward pass (the "
+            "combine's output gradient [G, S, D], an activation; jax.jit gathers it too) and "
+            "one small extra all_to_all.")
     if big or small:
         lines.append(
             f"- Memory: larger than jax.jit in {_named(big, 'mem_ratio')}; smaller in "
