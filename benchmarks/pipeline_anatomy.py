@@ -15,8 +15,10 @@ count and index expression, and each loop-carried value classified as
 - ``invariant``  loop-invariant, read whole (rope tables, masks, broadcast constants),
 - ``carry``      anything else (the activation and, backward, its cotangent),
 
-then how the forward loop's results feed the backward loop, and the ops between them. Used by
-docs/pipeline_design.md (section 1); about 2 s.
+then how the forward loop's results feed the backward loop, and the ops between them.
+``--stage-tiling`` also partitions the step on ``{stage: 4, batch: 2}`` with ``[BP, stacked
+dim 0 of params and opt_state on stage]`` (what a schedule can say today) and prints the
+collectives in each loop body. Used by docs/pipeline_design.md (section 1); a few seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import jax
 
 from partir_plugin.ir.graph import Op, Value, walk
 from partir_plugin.models import transformer
-from partir_plugin.pipeline import trace
+from partir_plugin.pipeline import apply_schedule, trace
 
 
 def _short(op: Op) -> str:
@@ -131,11 +133,52 @@ def nbytes(t) -> int:
     return t.num_elements * t.itemsize
 
 
+def stage_tiling(traced, arg_names: dict[Value, str]) -> None:
+    """Today's answer to "tile the stacked layer dimension over a stage axis"."""
+    import partir_plugin as partir
+    from partir_plugin.core.mesh import Mesh
+    from partir_plugin.spmd.collectives import collective_kind
+
+    def stacked(path, shape):
+        return 0 if path.split("/")[0] == "blocks" or "/blocks/" in f"/{path}" else None
+
+    layers = partir.ManualPartition(inputs={"params": stacked, "opt_state": stacked},
+                                    axis="stage", name="stacked@stage")
+    mesh = Mesh.of({"stage": 4, "batch": 2})
+    done = apply_schedule(traced.func, traced.leaves, mesh,
+                          [partir.tactic("BP", axis="batch"), layers])
+    state = done.state
+    print(f"\n== --stage-tiling on {dict(mesh.shape)}: [BP, stacked@stage]; "
+          f"conflicts {len(state.conflicts)}")
+    for op in traced.func.ops:
+        if op.name == "stablehlo.while":
+            items, _ = classify(op, arg_names)
+            tiled = collections.Counter(
+                (c.kind, "stage-tiled" if state.dim_of(op.results[c.k], "stage") is not None
+                 else "replicated on stage") for c in items if c.kind.startswith("stacked"))
+            print(f"   {op.location}: " + ", ".join(f"{k} {t}: {n}"
+                                                  for (k, t), n in sorted(tiled.items())))
+    top = done.program.func.ops
+    for op in top:
+        if op.name == "stablehlo.while":
+            body = op.regions[1].blocks[0]
+            kinds = collections.Counter(
+                f"{collective_kind(o)} over {o.attributes.get('partir.axes')}"
+                for o in walk(body.ops) if collective_kind(o))
+            print(f"   device-local while, collectives per iteration: {dict(kinds)}")
+    outside = collections.Counter(f"{collective_kind(o)} over {o.attributes.get('partir.axes')}"
+                                  for o in top if collective_kind(o))
+    print(f"   outside the loops: {dict(outside)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--full", action="store_true", help="list every carried value")
+    parser.add_argument("--stage-tiling", action="store_true",
+                        help="also partition with the stacked dimension tiled over a stage "
+                             "axis (needs --batch divisible by 2)")
     opts = parser.parse_args()
     cfg = dataclasses.replace(transformer.Config.small(layers=opts.layers, scan=True),
                               batch=opts.batch)
@@ -197,6 +240,8 @@ def main() -> None:
         print(f"== before the forward loop: {fpos} ops ({before.most_common(4)}); after the "
               f"backward loop: {len(top) - bpos - 1} ops (embedding gradient, Adam): "
               f"{after.most_common(4)}")
+    if opts.stage_tiling:
+        stage_tiling(traced, arg_names)
 
 
 if __name__ == "__main__":

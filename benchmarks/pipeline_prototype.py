@@ -22,6 +22,7 @@ in the compiled HLO, and the bubble counted from the schedule against the closed
 from __future__ import annotations
 
 import argparse
+import collections
 import re
 import time
 from functools import partial
@@ -128,6 +129,67 @@ def pipelined_loss(params: dict, x: jax.Array, y: jax.Array, *, mesh, microbatch
                          out_specs=P())(w1, w2, params["head"], x, y)
 
 
+def global_pipelined_loss(params: dict, x: jax.Array, y: jax.Array, *, stages: int,
+                          microbatches: int) -> jax.Array:
+    """The same GPipe schedule in the praxis/GSPMD form: global semantics, no shard_map. An
+    explicit `[S]` stage dimension (weights reshaped `[L] -> [S, L/S]`), the stage body
+    vmapped over it, the state `[S, mb, D]` shifted to the next stage by a roll. This is the
+    program design B substitutes at trace time for partir to partition (the roll on a
+    `stage`-tiled dimension becomes a collective_permute)."""
+    S, M = stages, microbatches
+    w1 = params["w1"].reshape(S, L // S, D, F)
+    w2 = params["w2"].reshape(S, L // S, F, D)
+    mb = x.shape[0] // M
+    xs = x.reshape(M, mb, D)
+    stage = jnp.arange(S)
+
+    def run(h, a, b):
+        h, _ = lax.scan(_layer, h, (a, b))
+        return h
+
+    def step(carry, t):
+        state, outs = carry
+        k = t - stage
+        valid = (k >= 0) & (k < M)
+        m = jnp.clip(k, 0, M - 1)
+        inp = jnp.where((stage == 0)[:, None, None], xs[m[0]][None], state)
+        inp = jnp.where(valid[:, None, None], inp, 0.0)
+        out = jax.vmap(run)(inp, w1, w2)
+        last = m[S - 1]
+        outs = outs.at[last].set(jnp.where(valid[S - 1], out[S - 1], outs[last]))
+        return (jnp.roll(out, 1, axis=0), outs), None
+
+    carry = (jnp.zeros((S, mb, D), x.dtype), jnp.zeros((M, mb, D), x.dtype))
+    (_, outs), _ = lax.scan(step, carry, jnp.arange(M + S - 1))
+    return jnp.sum((outs.reshape(-1, D) @ params["head"] - y) ** 2) / y.size
+
+
+def global_form_facts(params, x, y, ref, mesh) -> dict:
+    """The global form against jax.jit, how partir imports it, and what XLA's own partitioner
+    makes of it given only the stacked weights' sharding."""
+    from partir_plugin.ir.graph import walk
+    from partir_plugin.pipeline import trace
+
+    fn = partial(global_pipelined_loss, stages=mesh.shape["stage"], microbatches=4)
+    loss, grads = jax.jit(jax.value_and_grad(fn))(params, x, y)
+    args = jax.eval_shape(lambda: (params, x, y))
+    traced = trace(jax.value_and_grad(fn), args)
+    kinds = ("while", "slice", "concatenate", "dynamic_slice", "dynamic_update_slice", "gather",
+             "scatter", "manual_computation")
+    imported = collections.Counter(op.name.split(".")[-1] for op in walk(traced.func.ops))
+    stacked = NamedSharding(mesh, P("stage"))
+    shardings = ({"w1": stacked, "w2": stacked, "head": NamedSharding(mesh, P())},
+                 NamedSharding(mesh, P("data")), NamedSharding(mesh, P("data")))
+    compiled = jax.jit(jax.value_and_grad(fn), in_shardings=shardings).lower(
+        params, x, y).compile().as_text()
+    manual = trace(jax.value_and_grad(partial(pipelined_loss, mesh=mesh, microbatches=4)), args)
+    return {"dloss": abs(float(loss) - float(ref[0])), "dgrad": max_diff(grads, ref[1]),
+            "partir import": {k: imported[k] for k in kinds if imported[k]},
+            "shard_map form imports as": [op.name for op in manual.func.ops
+                                          if not op.name.startswith("stablehlo.")],
+            "XLA-partitioned HLO": hlo_facts(compiled)}
+
+
 def hlo_facts(compiled_text: str) -> dict:
     """Loop trip counts and collectives of XLA's compiled HLO (each op once)."""
     whiles = re.findall(r"known_trip_count\":\{\"n\":\"(\d+)\"", compiled_text)
@@ -187,6 +249,11 @@ def main() -> None:
     t_ref = timed(ref_grad, params, x, y, steps=opts.steps)
     print(f"stacked MLP L={L} D={D} F={F}, batch {opts.batch}; unpipelined jax.jit "
           f"value_and_grad on one device: loss {float(ref[0]):.6f}, {1e3 * t_ref:.2f} ms")
+    mesh = jax.make_mesh((4, 2), ("stage", "data"), devices=devices[:8],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    print("\nglobal (praxis) form, gpipe S=4, M=4 (no shard_map):")
+    for k, v in global_form_facts(params, x, y, ref, mesh).items():
+        print(f"  {k:26s} {v:.3g}" if isinstance(v, float) else f"  {k:26s} {v}")
     cases = [((4, 2), 4, 1), ((4, 2), 8, 1), ((4, 2), 4, 2), ((4, 2), 8, 2), ((2, 4), 4, 1)]
     for (stages, data), m, r in cases:
         mesh = jax.make_mesh((stages, data), ("stage", "data"), devices=devices[:8],
