@@ -348,7 +348,7 @@ def _costs(sim: SimulationResult | None) -> dict[Op, tuple[CollectiveCost, int]]
     for event in sim.timeline if sim is not None else ():
         for op, cost in zip(event.ops, event.collectives):
             seen = out.get(op)
-            out[op] = (cost, 1 if seen is None else seen[1] + 1)
+            out[op] = (cost, event.count if seen is None else seen[1] + event.count)
     return out
 
 

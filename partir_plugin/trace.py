@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .records import SCHEMA, CollectiveRecord
-from .simulation import TimelineEvent
+from .simulation import TimelineEvent, expand_timeline
 
 if TYPE_CHECKING:
     from .metadata import TacticReport
@@ -38,9 +38,10 @@ def chrome_trace(tactics: Sequence[TacticReport], *, mesh: dict | None = None,
             _meta(pid, COLLECTIVE_TID, "thread_name", "collectives"),
         ]
         by_op = {site.local: record for site, record in zip(row.sites, row.records)}
-        for e in row.timeline:
+        timeline = expand_timeline(row.timeline)  # every iteration of every loop
+        for e in timeline:
             events.append(_slice(pid, e, [by_op[op] for op in e.ops if op in by_op]))
-        events += _live_bytes(pid, row.timeline)
+        events += _live_bytes(pid, timeline)
     return {
         "displayTimeUnit": "ns",
         "otherData": {"schema": TRACE_SCHEMA, "records_schema": SCHEMA,

@@ -168,6 +168,32 @@ def test_scan_records_count_the_trip_count():
     assert forward[0].source.line == LINES["scan_down"]
 
 
+def test_a_long_loop_is_listed_once_and_expanded_only_in_the_trace(tmp_path):
+    """A loop's body is on the timeline once, with its trip count (a 1536-step decode loop
+    listed step by step made a report take 30 s); records count every execution and the trace
+    file has every iteration."""
+    import jax
+    import jax.numpy as jnp
+
+    import partir_plugin as partir
+
+    def loop(x, w):  # Megatron inside a loop: one all_reduce per iteration
+        return jax.lax.fori_loop(0, 300, lambda i, h: jnp.tanh(h @ w) @ w.T, x)
+
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 32)) / 16
+    step, meta = partir.jit(loop, {"m": 4}, [partir.ManualPartition({"w": 1}, axis="m")],
+                            hardware=HARDWARE)
+    step.lower(x, w)
+    row = meta.tactics[-1]
+    [reduce] = [r for r in row.records if r.kind == Collective.ALL_REDUCE]
+    assert reduce.count == 300
+    assert len(row.timeline) < 50
+    trace = json.loads(meta.write_trace(tmp_path / "t.json").read_text())
+    in_trace = [e for e in trace["traceEvents"]
+                if e.get("ph") == "X" and e["cat"] == "collective"]
+    assert len(in_trace) == 300
+
+
 def test_moving_the_model_down_moves_every_line(tmp_path, bp_mp):
     moved_path = tmp_path / "diag_model_moved.py"
     moved_path.write_text("\n" + MODEL.read_text())

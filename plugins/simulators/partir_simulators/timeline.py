@@ -37,21 +37,29 @@ def list_schedule(kernels: list[Kernel], owner: dict[Value, Value], overlap: boo
 
 def timeline_events(kernels: list[Kernel], starts: list[float]) -> list[TimelineEvent]:
     """The kernels as timeline events: a loop or branch as one event followed by the events of
-    the blocks it runs, once per iteration, in order (within its span); a combined collective
-    one event for its members."""
+    the blocks it runs (their first iteration, with the loop's trip count and period), in
+    order (within its span); a combined collective one event for its members."""
     events: list[TimelineEvent] = []
     for k, start in zip(kernels, starts):
         if k.stream == "both":  # a slice for the loop or branch, its blocks' kernels inside
+            # The body's events once, at the first iteration, each marked with this loop's
+            # trip count and period (`TimelineEvent.loops`): a long loop is not listed
+            # iteration by iteration unless a trace asks (`executions()`).
             inner: list[TimelineEvent] = []
             offset = start
-            for _ in range(k.repeats):
-                for part in k.parts:
-                    inner += [dataclasses.replace(e, start_s=e.start_s + offset)
-                              for e in part.timeline]
-                    offset += part.runtime
+            for part in k.parts:
+                inner += [dataclasses.replace(e, start_s=e.start_s + offset)
+                          for e in part.timeline]
+                offset += part.runtime
+            period = offset - start
+            if k.repeats > 1:
+                inner = [dataclasses.replace(e, loops=((k.repeats, period), *e.loops))
+                         for e in inner]
             # the loop ends with its last kernel (summing the parts in another order could
             # leave it a rounding error short, and a child would stick out)
-            end = max([start + k.duration, *(e.start_s + e.duration_s for e in inner)])
+            last = max((e.start_s + e.duration_s + sum((n - 1) * p for n, p in e.loops)
+                        for e in inner), default=start)
+            end = max(start + k.duration, last)
             name = short_name(k.root) + (f" x{k.repeats}" if k.repeats > 1 else "")
             events.append(TimelineEvent(name, "compute", start, end - start, (k.root,), (),
                                         tuple(k.inputs), tuple(k.outputs)))
