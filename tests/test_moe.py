@@ -213,3 +213,18 @@ def test_automatic_partition_after_bp_finds_expert_parallelism() -> None:
     found, manual = runtime([BP, auto]), runtime([BP, EP])
     assert found.estimated_runtime_s <= manual.estimated_runtime_s * 1.001, (
         found.actions, found.collectives, manual.collectives)
+
+
+def test_scan_over_layers_keeps_gshards_plan() -> None:
+    """Under nn.scan the expert FFN sits in the forward and the backward loop bodies: the
+    tokens still move by all_to_all inside them, nothing is gathered, no conflict is left,
+    and the numbers are jax.jit's."""
+    config = moe.Config.small(layers=2, scan=True)
+    train_step = moe.make_train_step(config)
+    args = moe.init(config, jax.random.key(0))
+    step, meta = partir.jit(train_step, EP_MESH, [BP, EP])
+    _assert_close(step(*args), jax.jit(train_step)(*args))
+    bp, ep = meta.tactics
+    assert ep.collectives["all_gather"] == 0 and ep.collectives["all_to_all"] > 0
+    assert ep.collectives["all_reduce"] == bp.collectives["all_reduce"]
+    assert not ep.conflicts and ep.resolutions
