@@ -15,6 +15,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from ..ir.attributes import parse_array
 from ..ir.graph import Op
 from .tmr import Sum, TMREntry
 
@@ -164,8 +165,8 @@ def _window_reduction_halos(op: Op) -> frozenset[int]:
     reduction but which are not one: tiling them sums products of misaligned rows.
 
     Shardy gives a spatial dimension a reduction factor shared by the lhs and the kernel
-    (`addSpatialFactor(windowSize, isContracting)` in its registry, with a TODO that such a
-    factor "also needs permutation (halo-swap)"). It ignores padding, dilation and reversal,
+    (`addSpatialFactor(windowSize, isContracting)` in its registry, whose comment there says
+    such a factor "also needs permutation (halo-swap)"). It ignores padding, dilation and reversal,
     and that the output may hold several windows: a weight-gradient convolution (lhs = image,
     kernel = output gradient, output = kernel size) with SAME padding gets an entry that tiles
     the image and the output gradient alike and sums, although each output row reads image
@@ -181,13 +182,8 @@ def _window_reduction_halos(op: Op) -> frozenset[int]:
     if len(pads) == 1:
         pads = pads * (2 * len(spatial))
 
-    def array(key: str) -> list[str]:
-        text = op.attributes.get(key, "")
-        return [x.strip() for x in text.split(":", 1)[1].rstrip(">").split(",")] if ":" in text \
-            else []
-
-    lhs_dil, rhs_dil, reversal = array("lhs_dilation"), array("rhs_dilation"), \
-        array("window_reversal")
+    lhs_dil, rhs_dil, reversal = (parse_array(op.attributes.get(k, "")) for k in
+                                  ("lhs_dilation", "rhs_dilation", "window_reversal"))
     halos = set()
     for s, c in enumerate(spatial):
         ld, rd, od = lhs.index(c), rhs.index(c), out.index(c)

@@ -17,6 +17,7 @@ from ..core.gather import lookup_dim, offset_dims
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
+from ..ir.attributes import i64_array, parse_i64_array
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.printer import print_func
 from ..ir.types import TensorType
@@ -74,15 +75,6 @@ def _grouped(groups: list[list[int]]) -> dict[str, str]:
     return {"replica_groups": _groups_attr(groups), **_CHANNEL, "use_global_device_ids": "unit"}
 
 
-def _i64_array(values) -> str:
-    return "array<i64" + (": " + ", ".join(map(str, values)) if values else "") + ">"
-
-
-def _parse_i64_array(text: str) -> list[int]:
-    m = re.match(r"array<i64(?::\s*(.*))?>", text)
-    return [int(x) for x in m.group(1).split(",")] if m and m.group(1) else []
-
-
 class _Emitter:
     """Appends device-local ops to a block; knows how to emit each collective."""
 
@@ -112,7 +104,7 @@ class _Emitter:
     def broadcast(self, scalar: Value, to: TensorType, dims: list[int] | None = None) -> Value:
         """`scalar` (or a lower-rank value along `dims`) broadcast to type `to`."""
         return self.emit("stablehlo.broadcast_in_dim", [scalar], [to],
-                         {"broadcast_dimensions": _i64_array(dims or [])}).results[0]
+                         {"broadcast_dimensions": i64_array(dims or [])}).results[0]
 
     def splat(self, n: int | float, to: TensorType) -> Value:
         """A tensor of type `to` filled with `n`."""
@@ -130,7 +122,7 @@ class _Emitter:
         """A scalar i32 holding `values[partition_id]` on each device."""
         table = self.constant_i32(values)
         one = self.emit("stablehlo.dynamic_slice", [table, self.device()],
-                        [TensorType((1,), "i32")], {"slice_sizes": _i64_array([1])}).results[0]
+                        [TensorType((1,), "i32")], {"slice_sizes": i64_array([1])}).results[0]
         return self.emit("stablehlo.reshape", [one], [_I32]).results[0]
 
     def block_index(self, axes: tuple[str, ...]) -> list[int]:
@@ -221,7 +213,7 @@ class _Emitter:
             shape[d] //= num_blocks
             starts.append(self.per_device([i * shape[d] for i in index]))
         op = self.emit("stablehlo.dynamic_slice", [x, *starts], [x.type.with_shape(tuple(shape))],
-                       {"slice_sizes": _i64_array(shape)})
+                       {"slice_sizes": i64_array(shape)})
         return mark(op, "all_slice", axes).results[0]
 
     def collective_permute(self, x: Value, pairs, axes) -> Value:
@@ -681,19 +673,19 @@ def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],
     if op.name == "stablehlo.constant" and result_types[0] != op.results[0].type:
         attrs["value"] = re.sub(r":\s*tensor<[^>]*>$", f": {result_types[0]}", attrs["value"])
     elif op.name == "stablehlo.slice":
-        limits = _parse_i64_array(attrs["limit_indices"])
+        limits = parse_i64_array(attrs["limit_indices"])
         for d, (g, loc) in enumerate(zip(op.operands[0].type.shape, operands[0].type.shape)):
             if g != loc:  # a tiled dimension is sliced whole
                 limits[d] = loc
-        attrs["limit_indices"] = _i64_array(limits)
+        attrs["limit_indices"] = i64_array(limits)
     elif op.name == "stablehlo.dynamic_slice":
-        attrs["slice_sizes"] = _i64_array(result_types[0].shape)
+        attrs["slice_sizes"] = i64_array(result_types[0].shape)
     elif op.name == "stablehlo.gather":
-        sizes = _parse_i64_array(attrs["slice_sizes"])
+        sizes = parse_i64_array(attrs["slice_sizes"])
         for d, (g, loc) in enumerate(zip(op.operands[0].type.shape, operands[0].type.shape)):
             if g != loc and sizes[d] == g:  # a whole-slice (offset) dimension that is tiled
                 sizes[d] = loc
-        attrs["slice_sizes"] = _i64_array(sizes)
+        attrs["slice_sizes"] = i64_array(sizes)
 
 
 def clone_region(region: Region, env: dict[Value, Value]) -> Region:
