@@ -14,8 +14,8 @@ from tmr_corpus import CASES
 import partir_plugin as partir
 
 
-def _check_against_jax_jit(step, args, schedule, mesh):
-    f, meta = partir.jit(step, mesh, schedule)
+def _check_against_jax_jit(step, args, schedule, mesh, **options):
+    f, meta = partir.jit(step, mesh, schedule, **options)
     got = f(*args)
     want = jax.jit(step)(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -46,3 +46,26 @@ def test_spatial_tilings_give_jax_jit_numbers(case, arg, dim):
     names = list(inspect.signature(case.loss).parameters)  # value_and_grad keeps them
     schedule = [partir.ManualPartition({names[arg]: dim}, axis="m")]
     _check_against_jax_jit(case.step(), case.args(), schedule, {"m": 4})
+
+
+@pytest.mark.parametrize("conflicts", ["redistribute", "stop"])
+def test_sequence_tiled_transformer_gradients_equal_jax_jit(conflicts):
+    """Context parallelism (the sequence tiled over 4): the loss and every parameter's
+    gradient equal the unpartitioned jax.jit's, whether the attention conflicts are resolved
+    by redistribution or left to PartIR's stop-and-gather."""
+    import functools
+
+    from partir_plugin.models import transformer
+
+    config = transformer.Config.small()
+    params, _, batch = transformer.init(config, jax.random.PRNGKey(0))
+    grad_step = jax.value_and_grad(functools.partial(transformer.loss_fn, config))
+
+    def step(params, batch):
+        return grad_step(params, batch)
+
+    cp = partir.ManualPartition({"batch": 1}, axis="seq", name="CP")
+    meta = _check_against_jax_jit(step, (params, batch), [cp], {"seq": 4}, conflicts=conflicts)
+    row = meta.tactics[-1]
+    assert bool(row.resolutions) == (conflicts == "redistribute")
+    assert bool(row.conflicts) == (conflicts == "stop")
