@@ -157,19 +157,9 @@ def fmt(counts: dict[str, int]) -> str:
     return " / ".join(str(counts[k]) for k in KINDS)
 
 
-def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
-
-
-def fmt_bytes(n: int | None) -> str:
-    from partir_plugin.ir.types import format_bytes
-
-    return "-" if n is None else format_bytes(n)
-
-
 def section(rows: list[Row], hardware: str) -> str:
+    from partir_plugin.metadata import fmt_bytes, fmt_time  # the report's own formats
+
     def mesh(s: Setup) -> str:
         return "{" + ", ".join(f"{a}: {n}" for a, n in s.mesh) + "}"
 
