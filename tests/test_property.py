@@ -3,11 +3,15 @@ mesh {"a": 4, "b": 2} give `jax.jit`'s numbers.
 
 A program is a `Recipe`: argument shapes and a list of op specs (elementwise unary and binary
 ops, dot_general with or without a batch dimension, reduce add/max/min, transpose,
-broadcast_in_dim, reshape split/merge; less often iota, slice, pad, concatenate, reverse) over
-dimensions that are powers of two. `build` turns it
-into a Python function, so hypothesis shrinks a failure to a small recipe. A schedule is 1-3
-tactics, each tiling random argument dimensions on one mesh axis; choices that the current
-state cannot take (not divisible, already tiled on that axis) are skipped.
+broadcast_in_dim, reshape split/merge; less often iota, slice, pad, concatenate, reverse; and
+ops that index, window or loop: gather and scatter at constant indices (add with repeats, set),
+1-D convolution (stride, SAME/VALID, window dilation), reduce_window pooling, cumsum and a
+while loop reading an outer value). Dimensions are powers of two, one in five uneven (12 or
+37: no axis, or not every axis, divides them). Result shapes come from jax's own shape rules
+(`result_shape`). `build` turns a recipe into a Python function, so hypothesis shrinks a
+failure to a small recipe. A schedule is 1-3 tactics, each tiling random argument dimensions on
+one mesh axis; choices that the current state cannot take (already tiled on that axis, or a
+size the state refuses) are skipped.
 
 Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
 reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.
@@ -19,6 +23,7 @@ import os
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +35,7 @@ MESH = {"a": 4, "b": 2}
 NIGHTLY = os.environ.get("PARTIR_NIGHTLY") == "1"
 EXAMPLES = int(os.environ.get("PARTIR_PROPERTY_EXAMPLES", "2000" if NIGHTLY else "400"))
 DIMS = (8, 16, 32)
+UNEVEN = (12, 37)  # 12 splits 4 ways but not then 2 more; 37 splits on no axis
 MAX_RANK = 3
 
 UNARY = {"sin": lax.sin, "tanh": lax.tanh, "neg": lax.neg, "abs": lax.abs, "erf": lax.erf,
@@ -49,6 +55,75 @@ class Recipe:
     outputs: tuple[tuple[str, int], ...]
 
 
+def apply_op(spec: tuple, get):
+    """The result of op `spec`, its operands read through `get(ref)`."""
+    op = spec[0]
+    if op == "unary":
+        return UNARY[spec[1]](get(spec[2]))
+    if op == "binary":
+        return BINARY[spec[1]](get(spec[2]), get(spec[3]))
+    if op == "dot":
+        _, x, w, (cx, cw), batch = spec
+        bx, bw = ((batch[0],), (batch[1],)) if batch else ((), ())
+        return lax.dot_general(get(x), get(w), (((cx,), (cw,)), (bx, bw)))
+    if op == "reduce":
+        _, kind, x, dim = spec
+        return lax.reduce(get(x), np.float32(REDUCE_INIT[kind]), REDUCE[kind], (dim,))
+    if op == "transpose":
+        return lax.transpose(get(spec[1]), spec[2])
+    if op == "broadcast":
+        _, x, shape, dims = spec
+        return lax.broadcast_in_dim(get(x), shape, dims)
+    if op == "reshape":
+        return lax.reshape(get(spec[1]), spec[2])
+    if op == "iota":
+        _, x, dim = spec
+        v = get(x)
+        return v + lax.broadcasted_iota(v.dtype, v.shape, dim) * 0.01
+    if op == "slice":
+        _, x, dim, start, stride = spec
+        v = get(x)
+        return lax.slice_in_dim(v, start, v.shape[dim], stride, dim)
+    if op == "pad":
+        _, x, dim = spec
+        v = get(x)
+        cfg = [(0, 0, 0)] * v.ndim
+        cfg[dim] = (v.shape[dim] // 2, v.shape[dim] // 2, 0)
+        return lax.pad(v, np.float32(0.25), cfg)
+    if op == "concatenate":
+        _, x, y, dim = spec
+        return lax.concatenate([get(x), get(y)], dim)
+    if op == "reverse":
+        return lax.rev(get(spec[1]), (spec[2],))
+    if op == "gather":  # rows picked by constant indices (an embedding lookup's shape)
+        _, x, dim, index = spec
+        return jnp.take(get(x), np.asarray(index, np.int32), axis=dim)
+    if op == "scatter":  # rows updated at constant indices: add (repeats allowed) or set
+        _, mode, x, u, dim, index = spec
+        at = get(x).at[(slice(None),) * dim + (np.asarray(index, np.int32),)]
+        return at.add(get(u)) if mode == "add" else at.set(get(u))
+    if op == "conv":  # 1-D convolution, NWC x WIO -> NWC
+        _, x, w, stride, padding, dilation = spec
+        return lax.conv_general_dilated(get(x), get(w), (stride,), padding,
+                                        rhs_dilation=(dilation,),
+                                        dimension_numbers=("NWC", "WIO", "NWC"))
+    if op == "window":  # pooling along one dimension
+        _, kind, x, dim, window, stride, padding = spec
+        v = get(x)
+        dims, strides = [1] * v.ndim, [1] * v.ndim
+        dims[dim], strides[dim] = window, stride
+        return lax.reduce_window(v, np.float32(REDUCE_INIT[kind]), REDUCE[kind], dims,
+                                 strides, padding)
+    if op == "cumsum":
+        _, x, dim, reverse = spec
+        return lax.cumsum(get(x), dim, reverse=reverse)
+    if op == "while":  # a loop carrying x, reading y from outside
+        _, x, y = spec
+        v, c = get(x), get(y)
+        return lax.fori_loop(0, 3, lambda i, acc: jnp.sin(acc) * 0.5 + c, v)
+    raise AssertionError(spec)
+
+
 def build(recipe: Recipe):
     def fn(*args):
         values = []
@@ -58,50 +133,18 @@ def build(recipe: Recipe):
             return args[i] if kind == "a" else values[i]
 
         for spec in recipe.ops:
-            op = spec[0]
-            if op == "unary":
-                out = UNARY[spec[1]](get(spec[2]))
-            elif op == "binary":
-                out = BINARY[spec[1]](get(spec[2]), get(spec[3]))
-            elif op == "dot":
-                _, x, w, (cx, cw), batch = spec
-                bx, bw = ((batch[0],), (batch[1],)) if batch else ((), ())
-                out = lax.dot_general(get(x), get(w), (((cx,), (cw,)), (bx, bw)))
-            elif op == "reduce":
-                _, kind, x, dim = spec
-                out = lax.reduce(get(x), np.float32(REDUCE_INIT[kind]), REDUCE[kind], (dim,))
-            elif op == "transpose":
-                out = lax.transpose(get(spec[1]), spec[2])
-            elif op == "broadcast":
-                _, x, shape, dims = spec
-                out = lax.broadcast_in_dim(get(x), shape, dims)
-            elif op == "reshape":
-                out = lax.reshape(get(spec[1]), spec[2])
-            elif op == "iota":
-                _, x, dim = spec
-                v = get(x)
-                out = v + lax.broadcasted_iota(v.dtype, v.shape, dim) * 0.01
-            elif op == "slice":
-                _, x, dim, start, stride = spec
-                v = get(x)
-                out = lax.slice_in_dim(v, start, v.shape[dim], stride, dim)
-            elif op == "pad":
-                _, x, dim = spec
-                v = get(x)
-                cfg = [(0, 0, 0)] * v.ndim
-                cfg[dim] = (v.shape[dim] // 2, v.shape[dim] // 2, 0)
-                out = lax.pad(v, np.float32(0.25), cfg)
-            elif op == "concatenate":
-                _, x, y, dim = spec
-                out = lax.concatenate([get(x), get(y)], dim)
-            elif op == "reverse":
-                out = lax.rev(get(spec[1]), (spec[2],))
-            else:
-                raise AssertionError(spec)
-            values.append(out)
+            values.append(apply_op(spec, get))
         return tuple(get(r) for r in recipe.outputs)
 
     return fn
+
+
+def result_shape(spec: tuple, shapes: dict) -> tuple[int, ...]:
+    """The shape of op `spec`'s result, from jax's own shape rules."""
+    refs = sorted({r for r in spec if isinstance(r, tuple) and r in shapes})
+    structs = [jax.ShapeDtypeStruct(shapes[r], np.float32) for r in refs]
+    out = jax.eval_shape(lambda *xs: apply_op(spec, dict(zip(refs, xs)).__getitem__), *structs)
+    return tuple(out.shape)
 
 
 @st.composite
@@ -116,9 +159,17 @@ def recipes(draw) -> Recipe:
         shapes[ref] = tuple(shape)
         return ref
 
+    def size() -> int:
+        """A dimension: a power of two, one time in five one that no axis divides evenly."""
+        return draw(st.sampled_from(UNEVEN if draw(st.integers(0, 4)) == 0 else DIMS))
+
     def any_shape(rank_min=1, rank_max=MAX_RANK):
         rank = draw(st.integers(rank_min, rank_max))
-        return tuple(draw(st.sampled_from(DIMS)) for _ in range(rank))
+        return tuple(size() for _ in range(rank))
+
+    def indices(n: int, count: int, unique: bool = False) -> tuple[int, ...]:
+        elements = st.integers(0, n - 1)
+        return tuple(draw(st.lists(elements, min_size=count, max_size=count, unique=unique)))
 
     def pick(pred=lambda s: True):
         refs = [r for r, s in shapes.items() if pred(s)]
@@ -131,12 +182,49 @@ def recipes(draw) -> Recipe:
             return draw(st.sampled_from(same))
         return new_arg(shape)
 
+    def draw_indexed(kind: str) -> tuple | None:
+        """The spec of an op that indexes, windows or loops, or None if no value suits it."""
+        if kind == "conv":
+            x = pick(lambda s: len(s) == 3)
+            if x is None:
+                return None
+            _, width, channels = shapes[x]
+            k = draw(st.sampled_from([1, 3]))
+            w = operand_like((k, channels, size()))
+            return ("conv", x, w, draw(st.sampled_from([1, 2])),
+                    draw(st.sampled_from(["SAME", "VALID"])), draw(st.sampled_from([1, 2])))
+        x = pick()
+        xs = shapes[x]
+        dim = draw(st.integers(0, len(xs) - 1))
+        if kind == "gather":
+            return ("gather", x, dim, indices(xs[dim], draw(st.sampled_from([4, 8]))))
+        if kind == "scatter":
+            mode = draw(st.sampled_from(["add", "set"]))
+            count = min(xs[dim], draw(st.sampled_from([4, 8])))
+            u = operand_like(xs[:dim] + (count,) + xs[dim + 1:])
+            return ("scatter", mode, x, u, dim, indices(xs[dim], count, unique=mode == "set"))
+        if kind == "window":
+            return ("window", draw(st.sampled_from(sorted(REDUCE))), x, dim,
+                    draw(st.sampled_from([2, 3])), draw(st.sampled_from([1, 2])),
+                    draw(st.sampled_from(["SAME", "VALID"])))
+        if kind == "cumsum":
+            return ("cumsum", x, dim, draw(st.booleans()))
+        return ("while", x, operand_like(xs))
+
     new_arg(any_shape())
     n_ops = draw(st.integers(1, 6))
     for _ in range(n_ops):
         kind = draw(st.sampled_from(["unary", "binary", "dot", "reduce", "transpose",
-                                     "broadcast", "reshape", "reshape", "other"]))
+                                     "broadcast", "reshape", "reshape", "other", "indexed"]))
         spec, out_shape = None, None
+        if kind == "indexed":  # gather, scatter, convolution, pooling, cumsum, while loop
+            spec = draw_indexed(draw(st.sampled_from(
+                ["gather", "scatter", "conv", "window", "cumsum", "while"])))
+            if spec is None:
+                continue
+            ops.append(spec)
+            shapes[("v", len(ops) - 1)] = result_shape(spec, shapes)
+            continue
         if kind == "other":  # iota, slice, pad, concatenate, reverse: lighter weight
             kind = draw(st.sampled_from(["iota", "slice", "pad", "concatenate", "reverse"]))
             x = pick()
@@ -218,10 +306,13 @@ def recipes(draw) -> Recipe:
         else:  # reshape: split one dimension in two, or merge two neighbours
             x = pick()
             xs = list(shapes[x])
-            splittable = [d for d, s in enumerate(xs) if s >= 4]
+            splittable = [d for d, s in enumerate(xs) if s >= 4 and s % 2 == 0]
             if len(xs) < MAX_RANK and splittable and (len(xs) == 1 or draw(st.booleans())):
                 d = draw(st.sampled_from(splittable))
-                major = draw(st.sampled_from([f for f in (2, 4, 8) if xs[d] // f >= 2]))
+                majors = [f for f in (2, 4, 8) if xs[d] % f == 0 and xs[d] // f >= 2]
+                if not majors:
+                    continue
+                major = draw(st.sampled_from(majors))
                 xs[d: d + 1] = [major, xs[d] // major]
             elif len(xs) >= 2:
                 d = draw(st.integers(0, len(xs) - 2))
