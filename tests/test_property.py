@@ -9,9 +9,10 @@ ops that index, window or loop: gather and scatter at constant indices (add with
 while loop reading an outer value). Dimensions are powers of two, one in five uneven (12 or
 37: no axis, or not every axis, divides them). Result shapes come from jax's own shape rules
 (`result_shape`). `build` turns a recipe into a Python function, so hypothesis shrinks a
-failure to a small recipe. A schedule is 1-3 tactics, each tiling random argument dimensions on
-one mesh axis; choices that the current state cannot take (already tiled on that axis, or a
-size the state refuses) are skipped.
+failure to a small recipe. A schedule is 1-3 tactics, each tiling random argument
+dimensions on one mesh axis, under either conflict policy (resolved by redistribution, or
+stopped); choices that the current state cannot take (already tiled on that axis, or a size
+the state refuses) are skipped.
 
 Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
 reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.
@@ -362,14 +363,14 @@ def programs_and_schedules(draw):
             arg = draw(st.integers(0, len(recipe.args) - 1))
             tiles.append((arg, draw(st.integers(0, len(recipe.args[arg]) - 1))))
         schedule.append(TileIfPossible(axis, tuple(tiles)))
-    return recipe, schedule
+    return recipe, schedule, draw(st.sampled_from(["redistribute", "stop"]))
 
 
-def check(recipe: Recipe, schedule) -> None:
+def check(recipe: Recipe, schedule, conflicts: str = "redistribute") -> None:
     fn = build(recipe)
     rng = np.random.default_rng(0)
     args = [rng.uniform(-1, 1, s).astype(np.float32) for s in recipe.args]
-    step, meta = partir.jit(fn, MESH, schedule)
+    step, meta = partir.jit(fn, MESH, schedule, conflicts=conflicts)
     got = step(*args)
     want = jax.jit(fn)(*args)
     for g, w in zip(got, want, strict=True):
