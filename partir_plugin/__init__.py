@@ -12,7 +12,8 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "jit": "api", "reshard": "api", "tag": "api", "plan_redistribution": "api",
+    "jit": "api", "reshard": "api", "plan_redistribution": "api", "tag": "markers",
+    "roll": "markers",
     "PartitionedFunction": "api", "Lowered": "api", "Compiled": "api",
     "ManualPartition": "tactics", "AutomaticPartition": "tactics", "tactic": "tactics",
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",

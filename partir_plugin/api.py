@@ -9,8 +9,9 @@ from typing import Any
 from .core.mesh import Mesh
 from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
+from .markers import roll, tag  # noqa: F401  (public API: partir_plugin.tag, .roll)
 from .metadata import Metadata
-from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace
+from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
 from .simulation import resolve_hardware_option
 
@@ -171,7 +172,7 @@ class PartitionedFunction:
         found = self._cache.get(key)
         if found is not None:
             return found
-        traced = trace(self.fn, args)
+        traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
                               hardware=self.hardware, arg_names=traced.arg_names,
                               conflicts=self.conflicts)
@@ -226,22 +227,6 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
     f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware,
                             conflicts=conflicts)
     return f, f.metadata
-
-
-def tag(x, name: str):
-    """Name an intermediate value so tactics can address it (paper 1 §8).
-
-    An identity in the program (a `reduce_precision` to the value's own precision inside the
-    named scope `partir_tag[name]`), so `jax.jit(fn)` runs the same function unchanged.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"partir_plugin.tag supports floating-point values, got {x.dtype}")
-    info = jnp.finfo(x.dtype)
-    with jax.named_scope(f"partir_tag[{name}]"):
-        return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 def plan_redistribution(mesh, global_shape, dtype, src_spec, dst_spec) -> Any:

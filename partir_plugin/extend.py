@@ -41,6 +41,7 @@ from .errors import PartitionError, PluginError, UnknownNameError
 from .hookspecs import Override, hookimpl, override
 from .ir.graph import Block, Func, Op, Region, Value
 from .ir.types import TensorType
+from .pipelining import PipelineParallel
 from .records import CollectiveRecord, Reason, SourceLocation
 from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .simulation import (
@@ -69,7 +70,8 @@ __all__ = [
     "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "Block", "Budget", "Collective", "EntryVerdict",
     "CollectiveCost", "CollectiveRecord", "Decision", "DecisionKind", "FrozenPartition", "Func",
     "HardwareSpec", "Leaf", "LinkClass", "LoweringCache", "ManualPartition", "Mesh", "Op",
-    "Override", "PartitionError", "PartitionState", "PluginError", "Reason", "Region",
+    "Override", "PartitionError", "PartitionState", "PipelineParallel", "PluginError", "Reason",
+    "Region",
     "SearchResult", "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum",
     "TMREntry", "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent",
     "UnknownNameError", "Value", "VerificationReport", "collective_axes", "collective_kind",

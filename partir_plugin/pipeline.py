@@ -73,9 +73,20 @@ def aval_key(x) -> tuple:
     return (tuple(aval.shape), aval.dtype, aval.weak_type)
 
 
-def trace(fn, args: tuple) -> Traced:
+def trace_hooks(schedule: Sequence, mesh: Mesh) -> list:
+    """The context managers the schedule's tactics want entered while the step is traced
+    (a tactic with `trace_hook(mesh)`, e.g. PP substituting the layer loop)."""
+    return [t.trace_hook(mesh) for t in schedule if hasattr(t, "trace_hook")]
+
+
+def trace(fn, args: tuple, hooks: Sequence = ()) -> Traced:
     """Lower `fn` with jax (no sharding: partitioning starts from the logical program,
-    whatever sharding an argument carries) and import it; name every argument leaf."""
+    whatever sharding an argument carries) and import it; name every argument leaf.
+
+    `hooks` (context managers, `trace_hooks`) are entered around jax's trace; with any, a
+    fresh wrapper is traced, so a trace jax cached without them is not reused."""
+    import contextlib
+
     import jax
 
     def abstract(x):
@@ -84,7 +95,11 @@ def trace(fn, args: tuple) -> Traced:
 
     names = argument_names(fn, len(args))
     abstract = jax.tree_util.tree_map(abstract, args)
-    lowered = jax.jit(fn, keep_unused=True).lower(*abstract)
+    with contextlib.ExitStack() as stack:
+        for hook in hooks:
+            stack.enter_context(hook)
+        traced_fn = (lambda *a: fn(*a)) if hooks else fn
+        lowered = jax.jit(traced_fn, keep_unused=True).lower(*abstract)
     func = import_lowered(lowered)
     leaves: list[Leaf] = []
     flat_in = []

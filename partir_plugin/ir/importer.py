@@ -20,6 +20,9 @@ _RULE_ATTR = "sdy.sharding_rule"
 _TAG = re.compile(r"partir_tag\[([^\]]+)\]")
 _IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
 TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an identity)
+# The composite `partir_plugin.roll` lowers to: imported as one op of this name (attributes
+# `shift`, `axis`), which the lowering turns into collective_permutes where the axis is tiled.
+ROLL_OP = "partir.roll"
 
 
 def make_context() -> ir.Context:
@@ -84,6 +87,15 @@ class _Importer:
                     single = Op(name, [env[v]], [self._type(r.type)])
                     out.append(single)
                     env[r] = single.results[0]
+                continue
+            if (name == "stablehlo.composite"
+                    and ir.StringAttr(op.attributes["name"]).value == ROLL_OP):
+                attrs = ir.DictAttr(op.attributes["composite_attributes"])
+                roll = Op(ROLL_OP, [env[op.operands[0]]], [self._type(op.results[0].type)],
+                          {k: str(attrs[k]) for k in ("shift", "axis")})
+                roll.mlir_location = op.location
+                env[op.results[0]] = roll.results[0]
+                out.append(roll)
                 continue
             if name in ("func.call", "stablehlo.composite"):
                 # Calls are inlined; so are composites: the decomposition is their meaning,

@@ -19,11 +19,13 @@ from ..core.state import PartitionState
 from ..core.tmr import Sum
 from ..ir.attributes import i64_array, parse_i64_array
 from ..ir.graph import Block, Func, Op, Region, Value, walk
+from ..ir.importer import ROLL_OP
 from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .collectives import Collective, count_collectives, mark
 from .layout import Layout
 from .provenance import Conversion, mark_origin
+from .rotation import lower_roll
 
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
                 "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
@@ -557,13 +559,18 @@ class _Lowering:
         if vocab_axes:
             operands = [operands[0], self._local_ids(op, operands[0], operands[1], k,
                                                      vocab_axes)]
-        new = self.em.emit(op.name, operands, result_types, attrs, regions)
-        results = new.results
+        if op.name == ROLL_OP:
+            dim = int(op.attributes["axis"].split(":")[0])
+            axes = tuple(a for a, e in nest if e.operands[0] == dim)
+            results = [lower_roll(self.em, operands[0],
+                                  int(op.attributes["shift"].split(":")[0]), dim, axes)]
+        else:
+            results = self.em.emit(op.name, operands, result_types, attrs, regions).results
         if vocab_axes:
-            results = [self._zero_foreign_rows(op, new.results[0], operands[1],
+            results = [self._zero_foreign_rows(op, results[0], operands[1],
                                                operands[0].type.shape[k])]
         if op.name == "stablehlo.iota":
-            results = [self._offset_iota(op, new.results[0], produced[0])]
+            results = [self._offset_iota(op, results[0], produced[0])]
         for r, x, lay in zip(op.results, results, produced):
             self.local[r] = (x, lay)
         if caching:

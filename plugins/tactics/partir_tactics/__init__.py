@@ -5,6 +5,7 @@
     Z3 = zero3(axis="batch")
     MQ = multi_query(axis="model")               # needs the model's attention tags
     EP = expert_parallel(rule, axis="expert")    # rule: (path, shape) -> expert dim | None
+    PP = pipeline_parallel(axis="stage", microbatches=8)   # the layer loop, GPipe
 
 Each returns a `ManualPartition`; compose them in a schedule list.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from partir_plugin import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition, hookimpl
+from partir_plugin.extend import PipelineParallel
 
 
 def batch_parallel(axis: str = "batch", inputs: Sequence[str] = ("batch",), dim: int = 0,
@@ -104,8 +106,19 @@ def expert_parallel(rule: Callable[[str, tuple], int | None], axis: str = "exper
     return ManualPartition({batch: dim, params: rule}, axis=axis, name=name, strict=strict)
 
 
+def pipeline_parallel(axis: str = "stage", microbatches: int = 4, schedule: str = "gpipe",
+                      poison_bubbles: bool = False, name: str = "PP") -> PipelineParallel:
+    """PP: pipeline the layer loop (a `lax.scan` over stacked layers, e.g. Flax `nn.scan`)
+    over `axis`, one stage per device along it, the batch split into `microbatches` (GPipe:
+    bubble (S-1)/(M+S-1)). The stacked parameters stay on their stage; the stage state moves
+    by one collective_permute per iteration (forward and backward). Compose with BP, MP and Z3
+    on the other axes."""
+    return PipelineParallel(axis=axis, microbatches=microbatches, schedule=schedule,
+                            poison_bubbles=poison_bubbles, name=name)
+
+
 @hookimpl
-def partir_add_tactics() -> dict[str, Callable[..., ManualPartition]]:
+def partir_add_tactics() -> dict[str, Callable[..., ManualPartition | PipelineParallel]]:
     return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
             "EMB": embedding, "MQ": multi_query, "ES": edge_sharding,
-            "EP": expert_parallel}
+            "EP": expert_parallel, "PP": pipeline_parallel}

@@ -87,6 +87,9 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     registry.register("stablehlo.iota", iota_rule)
     registry.register("stablehlo.dynamic_update_slice", dynamic_update_slice_rule)
     registry.register("stablehlo.optimization_barrier", identity_rule)
+    # partir_plugin.roll: every dimension passes through; the lowering rotates blocks where the
+    # rolled dimension is tiled.
+    registry.register("partir.roll", identity_rule)
     registry.register("stablehlo.gather", gather_rule)
     for name in CHLO_ELEMENTWISE:
         registry.register(name, elementwise_rule)

@@ -1,0 +1,260 @@
+"""The pipelined layer loop (issue 22, design B-global of docs/pipeline_design.md).
+
+`pipelined_scan` computes what `jax.lax.scan(body, carry, xs)` over a stack of L layers
+computes, as a GPipe pipeline written in ordinary jax with an explicit stage dimension `[S]`:
+the stacked per-layer inputs are reshaped `[L, ...] -> [S, L/S, ...]`, the batch (every carry
+leaf's leading dimension) is split into M strided microbatches (microbatch m holds rows m,
+m+M, ...), and `M + S - 1` iterations each run every stage's L/S layers on the microbatch it
+holds (the stage body `vmap`ped over `[S]`), then shift the stage state by one stage along
+`[S]` (`partir_plugin.roll`: a collective_permute once `[S]` is tiled). The program has
+global semantics: it runs under plain `jax.jit` and gives the scan's numbers; partitioned
+with `[S]` tiled over a mesh axis, each device holds one stage's layers and the shift is the
+only traffic between stages. Because it is jax code, jax differentiates it: the backward
+pipeline, the reverse shifts and the accumulation of the layer gradients over microbatches
+all come from AD.
+
+Bubble slots (stage s before its first or after its last microbatch) compute on zeros and
+their results are never read, so nothing they produce, NaN included, reaches the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .core.actions import TacticContext
+from .core.mesh import Mesh
+from .errors import PartitionError
+from .markers import roll, tag
+
+LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
+STATE_TAG = "pp/state"  # the stage state, `[S, microbatch, ...]`
+
+
+def _tagged(x, name: str):
+    """`x` tagged `name` where a tag can hold it (floating point)."""
+    return tag(x, name) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """What a pipelined loop looks like: S stages, M microbatches, L layers."""
+
+    stages: int
+    microbatches: int
+    layers: int
+
+    @property
+    def iterations(self) -> int:
+        """GPipe's trip count: every microbatch through every stage, M + S - 1."""
+        return self.microbatches + self.stages - 1
+
+    @property
+    def bubble(self) -> float:
+        """The idle fraction of each stage, (S - 1) / (M + S - 1), counted from the schedule
+        table rather than assumed (`schedule_table`)."""
+        table = schedule_table(self.stages, self.microbatches)
+        idle = sum(1 for row in table for m in row if m is None)
+        return idle / (len(table) * self.stages)
+
+
+def schedule_table(stages: int, microbatches: int) -> list[list[int | None]]:
+    """Per iteration t, per stage s, the microbatch stage s works on (None: a bubble)."""
+    return [[t - s if 0 <= t - s < microbatches else None for s in range(stages)]
+            for t in range(microbatches + stages - 1)]
+
+
+def _check(shape: PipelineShape, batch: int) -> None:
+    S, M, L = shape.stages, shape.microbatches, shape.layers
+    if L % S:
+        raise PartitionError(f"PP: {L} stacked layers do not divide into {S} stages")
+    if batch % M:
+        raise PartitionError(f"PP: a batch of {batch} does not split into {M} microbatches")
+
+
+def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
+                   scan: Callable = lax.scan, fill: float = 0.0):
+    """`lax.scan(body, carry, xs)` over stacked layers as a GPipe pipeline; returns
+    `(final carry, ys)` like the scan, for a body whose per-layer outputs `ys` hold no arrays
+    (None, or Flax's empty tuples).
+
+    Every leaf of `carry` has the batch as its leading dimension; every leaf of `xs` the L
+    layers. `body(carry, x) -> (carry, None)`. `scan` runs the loops (the real `lax.scan`
+    while the PP tactic's trace hook replaces it). The stacked layer inputs are tagged
+    `LAYERS_TAG`, the stage state `STATE_TAG` (for the tactic to find). `fill` is what the
+    stage state and output buffer hold before anything is written (NaN proves that no bubble
+    slot reaches the results).
+    """
+    carry_leaves = jax.tree.leaves(carry)
+    xs_leaves = jax.tree.leaves(xs)
+    if not carry_leaves or not xs_leaves:
+        raise PartitionError("PP: the layer loop must carry activations and scan stacked "
+                             "per-layer inputs (parameters)")
+    batch, layers = carry_leaves[0].shape[0], xs_leaves[0].shape[0]
+    if any(c.ndim == 0 or c.shape[0] != batch for c in carry_leaves):
+        raise PartitionError("PP: every carried value of the layer loop needs the batch as "
+                             "its leading dimension")
+    shape = PipelineShape(stages, microbatches, layers)
+    _check(shape, batch)
+    S, M = stages, microbatches
+    mb = batch // M
+    # [L, ...] -> [S, L/S, ...]: stage s holds layers s*L/S ... (s+1)*L/S - 1.
+    stacked = jax.tree.map(lambda a: _tagged(a, LAYERS_TAG).reshape(S, layers // S,
+                                                                     *a.shape[1:]), xs)
+    # [B, ...] -> [M, B/M, ...], strided: microbatch m is rows m, m+M, ...
+    micro = jax.tree.map(lambda c: jnp.swapaxes(c.reshape(mb, M, *c.shape[1:]), 0, 1), carry)
+    stage = jnp.arange(S)
+
+    outputs = []  # the body's per-layer output: a pytree without arrays, returned as is
+
+    def run_stage(h, layer_inputs):
+        def layer(h, x):
+            h, y = body(h, x)
+            if jax.tree.leaves(y):
+                raise PartitionError("PP: the layer loop returns per-layer outputs; a "
+                                     "pipelined loop supports layer loops without them")
+            outputs[:] = [y]
+            return h, None
+
+        return scan(layer, h, layer_inputs)[0]
+
+    def where_stage(mask, a, b):
+        return jnp.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
+
+    def step(loop, t):
+        state, outs = loop
+        k = t - stage  # the microbatch each stage works on
+        valid = (k >= 0) & (k < M)
+        first = jax.tree.map(lambda m: lax.dynamic_index_in_dim(m, jnp.minimum(t, M - 1), 0,
+                                                                keepdims=True), micro)
+        inputs = jax.tree.map(lambda f, s: where_stage(stage == 0, jnp.broadcast_to(f, s.shape),
+                                                       s), first, state)
+        inputs = jax.tree.map(lambda s: where_stage(valid, s, jnp.zeros_like(s)), inputs)
+        out = jax.vmap(run_stage)(inputs, stacked)
+        # The last stage's finished microbatch goes to its slot of the output buffer. The
+        # buffer has a stage dimension too, so each stage writes only its own (local) block and
+        # only the last stage's block is kept: no stage reads another's block in the loop.
+        done = jnp.clip(t - (S - 1), 0, M - 1)
+        keep = (stage == S - 1) & (t >= S - 1)
+        outs = jax.tree.map(
+            lambda o, y: where_stage(keep, lax.dynamic_update_index_in_dim(o, y[:, None], done, 1),
+                                     o),
+            outs, out)
+        return (jax.tree.map(lambda y: roll(y, 1, axis=0), out), outs), None
+
+    state0 = jax.tree.map(lambda m: _tagged(jnp.full((S, *m.shape[1:]), fill, m.dtype),
+                                            STATE_TAG), micro)
+    outs0 = jax.tree.map(lambda m: jnp.full((S, *m.shape), fill, m.dtype), micro)
+    (_, outs), _ = scan(step, (state0, outs0), jnp.arange(shape.iterations))
+    # The last stage's block, taken as a masked sum over stages (one reduction over the stage
+    # axis once partitioned, rather than a gather of every stage's block).
+    outs = jax.tree.map(lambda o: jnp.sum(where_stage(stage == S - 1, o, jnp.zeros_like(o)),
+                                          axis=0), outs)
+    final = jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1).reshape(batch, *o.shape[2:]), outs)
+    return final, outputs[0]
+
+
+class _LayerLoopHook:
+    """While the step is traced: the first `jax.lax.scan` over stacked layers (every `xs` leaf
+    with the same leading length, every carried leaf batch-major) becomes a pipelined loop.
+    Scans inside it, and every scan after it, are left alone."""
+
+    def __init__(self, tactic: PipelineParallel, stages: int):
+        self.tactic, self.stages = tactic, stages
+        self.inside = False
+
+    def __enter__(self):
+        self.original = jax.lax.scan
+        self.tactic.found = None
+        jax.lax.scan = self.scan
+        return self
+
+    def __exit__(self, *exc):
+        jax.lax.scan = self.original
+
+    def qualifies(self, init, xs, reverse: bool) -> bool:
+        xs_leaves, carry_leaves = jax.tree.leaves(xs), jax.tree.leaves(init)
+        return (not reverse and bool(xs_leaves) and bool(carry_leaves)
+                and all(getattr(x, "ndim", 0) >= 1 for x in xs_leaves + carry_leaves)
+                and len({x.shape[0] for x in xs_leaves}) == 1
+                and len({c.shape[0] for c in carry_leaves}) == 1)
+
+    def scan(self, f, init, xs=None, length=None, reverse=False, unroll=1, **kwargs):
+        if self.inside or self.tactic.found is not None or not self.qualifies(init, xs,
+                                                                                reverse):
+            return self.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
+                                 **kwargs)
+        layers = jax.tree.leaves(xs)[0].shape[0]
+        batch = jax.tree.leaves(init)[0].shape[0]
+        self.tactic.found = PipelineShape(self.stages, self.tactic.microbatches, layers)
+        self.tactic.batch = batch
+        self.inside = True
+        try:
+            return pipelined_scan(f, init, xs, stages=self.stages,
+                                  microbatches=self.tactic.microbatches, scan=self.original,
+                                  fill=float("nan") if self.tactic.poison_bubbles else 0.0)
+        finally:
+            self.inside = False
+
+
+@dataclass
+class PipelineParallel:
+    """PP: pipeline the step's layer loop over the mesh axis `axis` (GPipe).
+
+    While `partir_plugin.jit` traces the step, the loop over stacked layers (a `lax.scan`,
+    as Flax `nn.scan` and `nnx.scan` write it) runs as `pipelined_scan` with S = the axis size
+    stages and `microbatches` microbatches; the model code is unchanged and plain `jax.jit`
+    of the step still runs the plain scan. The tactic then tiles the stacked layer inputs
+    (the parameters, and by propagation their gradients and optimizer state) and the stage
+    state on their stage dimension over `axis`; everything outside the loop is left to the
+    other tactics (`axis` is free for them to use as data parallelism).
+    """
+
+    axis: str = "stage"
+    microbatches: int = 4
+    schedule: str = "gpipe"
+    name: str = "PP"
+    # Debugging: the pipeline's idle (bubble) slots start as NaN instead of zeros; results
+    # must not change (tests/test_pipeline.py checks they do not).
+    poison_bubbles: bool = False
+    found: PipelineShape | None = field(default=None, init=False, repr=False)
+    batch: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.schedule != "gpipe":
+            raise PartitionError(f"{self.name}: schedule {self.schedule!r} is not built yet "
+                                 f"(available: 'gpipe'; docs/pipeline_design.md has the plan "
+                                 f"for 'circular' and '1f1b')")
+        if self.microbatches < 1:
+            raise PartitionError(f"{self.name}: microbatches must be >= 1, got "
+                                 f"{self.microbatches}")
+
+    def trace_hook(self, mesh) -> _LayerLoopHook:
+        return _LayerLoopHook(self, Mesh.of(mesh).axis_size(self.axis))
+
+    def apply(self, ctx: TacticContext) -> None:
+        ctx.mesh.check_axis(self.axis)
+        if self.found is None or LAYERS_TAG not in ctx.state.tags:
+            raise PartitionError(
+                f"{self.name}: no layer loop found: PP pipelines a `jax.lax.scan` over stacked "
+                f"layers (parameters with a leading [L] dimension passed as the scan's xs, "
+                f"a batch-major carry), as Flax nn.scan, nnx.scan or a plain lax.scan write "
+                f"it; the traced step has none")
+        leaves = {leaf.value: leaf for leaf in ctx.leaves}
+        for v in ctx.state.tagged(LAYERS_TAG):
+            source = v.producer.operands[0]
+            target = leaves.get(source, v)  # the argument itself where the tag names one
+            if ctx.state.dim_of(target.value if target is not v else v, self.axis) is None:
+                ctx.tile(target, 0, self.axis)
+        for v in ctx.state.tags.get(STATE_TAG, []):
+            if ctx.state.dim_of(v, self.axis) is None:
+                ctx.tile(v, 0, self.axis)
+
+    @property
+    def bubble(self) -> float | None:
+        """The idle fraction of the pipeline found in the last trace."""
+        return None if self.found is None else self.found.bubble

@@ -1,0 +1,187 @@
+"""Issue 22: pipeline parallelism (the PP tactic, GPipe) and the rotation it is built on
+(`partir_plugin.roll`). Every partitioned result is compared with the unpartitioned
+`jax.jit` of the same step: loss, parameters and optimizer state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from test_jit import hlo_collective_counts
+
+import partir_plugin as partir
+from partir_plugin.models import megatron, transformer
+from partir_plugin.pipelining import PipelineShape, pipelined_scan, schedule_table
+
+
+def _assert_close(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        w = np.asarray(w)
+        scale = max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-4, atol=2e-5 * scale)
+
+
+# -- roll: a rotation of a tiled dimension is a rotation of blocks ----------------------------
+
+@pytest.mark.parametrize("shift", [1, 3, 4, -1, 15])
+@pytest.mark.parametrize("mesh,axes", [({"m": 4}, ("m",)), ({"a": 2, "b": 4}, ("a", "b"))])
+def test_roll_of_a_tiled_dimension_permutes_blocks(shift, mesh, axes):
+    w = jnp.arange(16.0)[:, None] * jnp.ones((1, 6))
+
+    def f(x):
+        return (partir.roll(jnp.sin(x), shift, 0) * w).sum()
+
+    step = jax.value_and_grad(f)
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 6))
+    schedule = [partir.ManualPartition({"x": 0}, axis=a) for a in axes]
+    fn, meta = partir.jit(step, mesh, schedule)
+    _assert_close(fn(x), jax.jit(step)(x))
+    counts = meta.tactics[-1].collectives
+    assert counts.get("all_gather", 0) == 0
+    # Device p gets block p-q (unless q is a multiple of the n blocks) and, for a shift that
+    # is not whole blocks, a piece of block p-q-1; the backward pass rolls back the same way.
+    n = 4 if len(axes) == 1 else 8
+    q, r = divmod(shift % 16, 16 // n)
+    assert counts["all_permute"] == 2 * ((q % n != 0) + (r != 0 and (q + 1) % n != 0))
+    compiled = hlo_collective_counts(fn.lower(x).compile().as_text())
+    assert compiled["all_permute"] >= 1 and not compiled["all_gather"]
+
+
+def test_roll_is_jnp_roll_under_jax_jit():
+    x = jnp.arange(24.0).reshape(6, 4)
+    np.testing.assert_array_equal(jax.jit(lambda x: partir.roll(x, 2, 1))(x), jnp.roll(x, 2, 1))
+    g = jax.grad(lambda x: (partir.roll(x, -1, 0) * jnp.arange(6.0)[:, None]).sum())(x)
+    np.testing.assert_array_equal(g, jnp.roll(jnp.broadcast_to(jnp.arange(6.0)[:, None],
+                                                               (6, 4)), 1, 0))
+
+
+# -- the pipelined loop under plain jax.jit -------------------------------------------------
+
+def _stack(seed=0, layers=8, d=16, f=32, batch=32):
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    params = {"w1": jax.random.normal(k[0], (layers, d, f)) / 4,
+              "w2": jax.random.normal(k[1], (layers, f, d)) / 6}
+    return params, jax.random.normal(k[2], (batch, d)), jax.random.normal(k[3], (batch, d))
+
+
+def _layer(h, p):
+    return h + jnp.tanh(h @ p["w1"]) @ p["w2"], None
+
+
+@pytest.mark.parametrize("stages,microbatches", [(4, 4), (4, 8), (2, 4), (8, 8)])
+def test_pipelined_scan_equals_the_scan(stages, microbatches):
+    params, x, y = _stack()
+
+    def loss(params, x, scan):
+        return jnp.mean((scan(_layer, x, params)[0] - y) ** 2)
+
+    pipelined = lambda f, c, xs: pipelined_scan(f, c, xs, stages=stages,
+                                                microbatches=microbatches)
+    _assert_close(jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, pipelined)))(params, x),
+                  jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, lax.scan)))(params, x))
+
+
+@pytest.mark.parametrize("stages,microbatches", [(4, 4), (4, 8), (2, 4), (8, 3)])
+def test_bubble_is_the_closed_form(stages, microbatches):
+    shape = PipelineShape(stages, microbatches, layers=8)
+    table = schedule_table(stages, microbatches)
+    assert len(table) == shape.iterations == microbatches + stages - 1
+    # Every stage sees every microbatch once, in order.
+    for s in range(stages):
+        assert [row[s] for row in table if row[s] is not None] == list(range(microbatches))
+    assert shape.bubble == pytest.approx((stages - 1) / (microbatches + stages - 1))
+
+
+# -- the PP tactic on the paper's transformer (scan variant, 8 layers) -----------------------
+
+CONFIG = dataclasses.replace(transformer.Config.small(layers=8, scan=True), batch=16)
+
+
+@pytest.fixture(scope="module")
+def model():
+    params, opt_state, batch = transformer.init(CONFIG, jax.random.PRNGKey(0))
+    want = jax.jit(transformer.make_train_step(CONFIG))(params, opt_state, batch)
+    return (params, opt_state, batch), want
+
+
+def _pipelined(model, mesh, schedule):
+    args, want = model
+    fn, meta = partir.jit(transformer.make_train_step(CONFIG), mesh, schedule)
+    _assert_close(fn(*args), want)
+    return fn, meta
+
+
+def _stage_sharded(meta, axis="stage"):
+    """Every stacked block parameter and its Adam moments are tiled on their layer dim over
+    `axis` first (Z3 may tile the stage's layers further)."""
+    params, opt_state = meta.in_shardings[0], meta.in_shardings[1]
+
+    def on_stage(sharding):
+        first = sharding.spec[0] if sharding.spec else None
+        return first == axis or (isinstance(first, tuple) and first[0] == axis)
+
+    blocks = jax.tree.leaves(params["blocks"])
+    moments = [s for s in jax.tree.leaves(opt_state) if on_stage(s)]
+    return (all(on_stage(s) for s in blocks)
+            and len(moments) >= 2 * len(blocks))  # mu and nu of every stacked parameter
+
+
+@pytest.mark.parametrize("microbatches", [4, 8])
+def test_pp_bp_gives_jax_jit_numbers_with_stages_holding_their_layers(model, microbatches):
+    pp = partir.tactic("PP", axis="stage", microbatches=microbatches)
+    fn, meta = _pipelined(model, {"stage": 4, "batch": 2},
+                          [pp, partir.tactic("BP", axis="batch")])
+    assert _stage_sharded(meta)
+    assert pp.bubble == pytest.approx(3 / (microbatches + 3))
+    row = meta.tactics[0]
+    assert row.collectives.get("all_gather", 0) == 0 and row.collectives["all_permute"] == 2
+    compiled = fn.lower(*model[0]).compile()
+    counts = hlo_collective_counts(compiled.as_text())
+    assert counts["all_permute"] >= 2 and not counts["all_gather"]
+    # Each device holds a quarter of the stacked layers (not all of them).
+    stack = sum(x.nbytes for x in jax.tree.leaves(model[0][0]["blocks"]))
+    assert compiled.memory_analysis().argument_size_in_bytes < 3 * stack / 4 + (
+        sum(x.nbytes for x in jax.tree.leaves(model[0])) - 3 * stack)
+
+
+def test_pp_bp_mp_and_pp_bp_z3_compose(model):
+    mp = partir.tactic("MP", rule=megatron.transformer_rule, axis="model")
+    _, meta = _pipelined(model, {"stage": 2, "batch": 2, "model": 2},
+                         [partir.tactic("PP", axis="stage", microbatches=4),
+                          partir.tactic("BP", axis="batch"), mp])
+    assert _stage_sharded(meta)
+    assert meta.tactics[0].collectives.get("all_gather", 0) == 0
+    _, meta = _pipelined(model, {"stage": 4, "batch": 2},
+                         [partir.tactic("PP", axis="stage", microbatches=4),
+                          partir.tactic("BP", axis="batch"), partir.tactic("Z3", axis="batch")])
+    assert _stage_sharded(meta)
+
+
+def test_poisoned_bubbles_change_nothing(model):
+    _pipelined(model, {"stage": 4, "batch": 2},
+               [partir.tactic("PP", axis="stage", microbatches=4, poison_bubbles=True),
+                partir.tactic("BP", axis="batch")])
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+def test_pp_errors_name_the_tactic(model):
+    args, _ = model
+    step = transformer.make_train_step(CONFIG)
+    with pytest.raises(partir.PartitionError, match="PP: 8 stacked layers do not divide "
+                                                    "into 3 stages"):
+        partir.jit(step, {"stage": 3}, [partir.tactic("PP", axis="stage")])[0].lower(*args)
+    with pytest.raises(partir.PartitionError, match="PP: a batch of 16 does not split into "
+                                                    "5 microbatches"):
+        partir.jit(step, {"stage": 4}, [partir.tactic("PP", microbatches=5)])[0].lower(*args)
+    unrolled = dataclasses.replace(CONFIG, scan=False)
+    uargs = transformer.init(unrolled, jax.random.PRNGKey(0))
+    with pytest.raises(partir.PartitionError, match="PP: no layer loop found"):
+        partir.jit(transformer.make_train_step(unrolled), {"stage": 4},
+                   [partir.tactic("PP")])[0].lower(*uargs)
+    with pytest.raises(partir.PartitionError, match="schedule 'zero-bubble' is not built"):
+        partir.tactic("PP", schedule="zero-bubble")
