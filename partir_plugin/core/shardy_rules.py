@@ -127,7 +127,8 @@ def reduce_kind(op: Op) -> str | None:
     return kind
 
 
-def _is_zero(v) -> bool:
+def is_zero(v) -> bool:
+    """Is `v` a splat zero (a constant, or a broadcast of one)?"""
     op = v.producer
     if op is not None and op.name == "stablehlo.broadcast_in_dim":
         op = op.operands[0].producer
@@ -140,7 +141,7 @@ def scatter_kind(op: Op) -> str | None:
     if len(op.results) != 1 or not op.regions:
         return None
     body = op.regions[0].blocks[0].ops
-    if len(body) == 2 and body[0].name == "stablehlo.add" and _is_zero(op.operands[0]):
+    if len(body) == 2 and body[0].name == "stablehlo.add" and is_zero(op.operands[0]):
         return "add"
     return None
 

@@ -22,6 +22,7 @@ from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.importer import ROLL_OP
 from ..ir.printer import print_func
 from ..ir.types import TensorType
+from .accumulation import PendingSums, linear_operands
 from .collectives import Collective, count_collectives, mark
 from .layout import Layout
 from .provenance import Conversion, mark_origin
@@ -30,7 +31,6 @@ from .rotation import lower_roll
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
                 "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
 _I32 = TensorType((), "i32")
-_LINEAR_OPS = frozenset({"stablehlo.add", "stablehlo.subtract", "stablehlo.negate"})
 
 
 @dataclass
@@ -218,6 +218,18 @@ class _Emitter:
                        {"slice_sizes": i64_array(shape)})
         return mark(op, "all_slice", axes).results[0]
 
+    def keep_on_first(self, x: Value, axes: tuple[str, ...]) -> Value:
+        """`x` on the devices at block 0 along `axes`, zeros elsewhere: a full value turned
+        into a partial sum over `axes`."""
+        first = self.per_device([int(i == 0) for i in self.block_index(axes)])
+        pred_t = TensorType(x.type.shape, "i1")
+        flag = self.emit("stablehlo.compare", [first, self.scalar(1, "i32")],
+                         [TensorType((), "i1")],
+                         {"comparison_direction": "#stablehlo<comparison_direction EQ>"}
+                         ).results[0]
+        return self.emit("stablehlo.select", [self.broadcast(flag, pred_t), x,
+                                              self.splat(0, x.type)], [x.type]).results[0]
+
     def collective_permute(self, x: Value, pairs, axes) -> Value:
         """Replica s sends its tile to t for every (s, t) in `pairs`."""
         body = ", ".join(f"[{s}, {t}]" for s, t in pairs)
@@ -246,9 +258,15 @@ def emit_plan(em: _Emitter, x: Value, plan) -> Value:
 
 
 def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
-    """Collectives taking local `x` from layout `src` to `dst` (dst has no partial sums)."""
+    """Collectives taking local `x` from layout `src` to `dst`.
+
+    A `dst` with pending sums (a loop's accumulator, `accumulation.py`) is reached from the
+    full value kept on one device of each group and zeros elsewhere (the sum is the value)."""
     if src == dst or not x.type.is_tensor:
         return x
+    if dst.partial:
+        x = convert(em, x, src, Layout(dst.dims))
+        return em.keep_on_first(x, tuple(a for a, _ in dst.partial))
     rank = len(src.dims)
     dims = list(src.dims)
     # 1. Pending sums: reduce_scatter where the target tiles a dimension further with
@@ -425,6 +443,7 @@ class _Lowering:
         self.defined: set[Value] = set()  # local values the top-level block defines so far
         self._swept = 0
         self.consumer: Op | None = None  # the op being lowered (None: the function's return)
+        self.pending = PendingSums(state)  # loop-carried accumulators keep their pending sums
 
     def declared(self, v: Value) -> Layout:
         return Layout.from_tiles(v.type.rank, self.state.tiles_of(v))
@@ -529,10 +548,9 @@ class _Lowering:
             if self.cache is not None:
                 self.cache.wanted[(op, nest)] = wanted
         forwarded = self._forwarded_sum(op, wanted)
-        if forwarded:
-            inputs = [self.local[v][0] for v in op.inputs]
-        else:
-            inputs = [self.use(v, lay) for v, lay in zip(op.inputs, wanted)]
+        linear = linear_operands(op, self.pending.chain) if forwarded else ()
+        inputs = [self.local[v][0] if i in linear else self.use(v, lay)
+                  for i, (v, lay) in enumerate(zip(op.inputs, wanted))]
         caching = self.cache is not None and self.top and not op.captures
         if caching:
             key = (op, nest, forwarded)
@@ -578,18 +596,22 @@ class _Lowering:
                                            [self.local[r] for r in op.results])
 
     def _forwarded_sum(self, op: Op, wanted: list[Layout]) -> tuple:
-        """Pending sums an add/subtract/negate can pass through: when every input is the same
-        partial sum (over the same axes, reduced by add) of what the op consumes,
-        `Σ a_i + Σ b_i = Σ (a_i + b_i)`, so the op runs on the partials and one all_reduce
-        follows instead of one per input (the backward pass of separate q/k/v projections)."""
-        if op.name not in _LINEAR_OPS:
+        """Pending sums a linear op can pass through (`accumulation.LINEAR_OPERANDS`): when
+        every linear operand is the same partial sum (over the same axes, reduced by add) of
+        what the op consumes, `Σ a_i + Σ b_i = Σ (a_i + b_i)`, so the op runs on the partials
+        and one all_reduce follows instead of one per input (the backward pass of separate
+        q/k/v projections; a gradient accumulated in a loop)."""
+        which = linear_operands(op, self.pending.chain)
+        if not which:
             return ()
         partials = set()
-        for v, want in zip(op.inputs, wanted):
-            have = self.local[v][1]
-            if have.dims != want.dims or not have.partial:
+        for i in which:
+            have = self.local[op.operands[i]][1]
+            if have.dims != wanted[i].dims or not have.partial:
                 return ()
             partials.add(have.partial)
+        if any(self.local[v][1].partial for i, v in enumerate(op.operands) if i not in which):
+            return ()
         (partial,) = partials if len(partials) == 1 else ((),)
         return partial if all(kind == "add" for _, kind in partial) else ()
 
@@ -601,6 +623,8 @@ class _Lowering:
         are converted inside it (implicit captures)."""
         layouts = [self.declared(r) for r in op.results]
         if op.name == "stablehlo.while":
+            layouts = [Layout(lay.dims, self.pending.carried(op, k))
+                       for k, lay in enumerate(layouts)]
             operands = [self.use(v, lay) for v, lay in zip(op.operands, layouts)]
         else:  # case: the branch index
             operands = [self.use(v, self.declared(v)) for v in op.operands]

@@ -1,0 +1,168 @@
+"""Pending sums carried through loops: a gradient accumulated over a loop's iterations is
+reduced once after the loop, not once per iteration.
+
+A loop-carried value accumulates when it starts as zeros and the body only ever adds to it,
+or writes slots of it (`dynamic_update_slice`), with values that are partial sums over some
+mesh axes (a dot_general contracting a tiled batch, say). Sums commute with both, so the
+carried value may stay a partial sum over those axes through every iteration: its layout
+carries the pending sum (`Layout.partial`) like any op result, and the conversion after the
+loop reduces it once. This is what the backward pass of a scan over layers and of the
+pipelined loop need: without it, data parallelism all-reduces each layer's weight gradient in
+every iteration (L times, or M + S - 1 times per stage in a pipeline) instead of once.
+
+`PendingSums` predicts, before the body is lowered, the pending sum each value will have as
+lowered (the lowering needs the carried layout when it reaches the loop). A wrong prediction
+is never a wrong result: converting a value to a layout with a pending sum it does not have
+keeps it on one device of each group (`lowering.convert`).
+"""
+
+from __future__ import annotations
+
+from ..core.shardy_rules import is_zero
+from ..core.state import PartitionState
+from ..core.tmr import Sum
+from ..ir.graph import Op, Value, walk
+
+Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
+
+# Ops that run on partial sums of their inputs and give a partial sum of the result, by the
+# operands that must carry it (the rest, e.g. indices, must not): Σa + Σb = Σ(a + b), and
+# writing Σu into a slot of Σb is Σ(b with u written) when every device writes the same slot.
+LINEAR_OPERANDS: dict[str, tuple[int, ...] | None] = {
+    "stablehlo.add": None, "stablehlo.subtract": None, "stablehlo.negate": None,
+    "stablehlo.dynamic_update_slice": (0, 1),
+}
+# Shape ops are linear in their first operand too, but a sum passed through them may be
+# reduced later at a larger size (a broadcast) or in more places: they forward a pending sum
+# only on the path from a partial sum to a loop's accumulator (`PendingSums.chain`).
+CHAIN_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.reshape",
+                       "stablehlo.convert", "stablehlo.slice", "stablehlo.dynamic_slice"})
+_ACCUMULATORS = ("stablehlo.add", "stablehlo.dynamic_update_slice")
+
+
+def _is_float(op: Op) -> bool:
+    return all(v.type.element.startswith(("f", "bf")) for v in (op.operands[0], op.results[0]))
+
+
+def linear_operands(op: Op, chain: frozenset[Op] | set[Op] = frozenset()) -> tuple[int, ...]:
+    """The operands of `op` through which a pending sum may pass (empty: none); a shape op's
+    first operand only where `op` is in `chain`."""
+    if op.name in CHAIN_OPS:
+        return (0,) if op in chain and _is_float(op) else ()
+    if op.name not in LINEAR_OPERANDS:
+        return ()
+    which = LINEAR_OPERANDS[op.name]
+    return tuple(range(len(op.operands))) if which is None else which
+
+
+class PendingSums:
+    """Predicted pending sums of a partitioned function's values, as the lowering makes them."""
+
+    def __init__(self, state: PartitionState):
+        self.state = state
+        self._values: dict[Value, Partial] = {}
+        self._carried: dict[tuple[Op, int], Partial] = {}
+        self._body_arg: dict[Value, tuple[Op, int]] = {}
+        self.chain: set[Op] = set()  # shape ops on a path to an accumulator
+        self._tentative = False  # while deciding an accumulator: shape ops may forward
+        self._tentative_values: dict[Value, Partial] = {}  # what was predicted meanwhile
+        for op in walk(state.func.ops):
+            if op.name == "stablehlo.while":
+                for k, a in enumerate(op.regions[1].blocks[0].args):
+                    self._body_arg[a] = (op, k)
+
+    def of(self, v: Value) -> Partial:
+        """The pending sum `v` will have as lowered."""
+        memo = self._tentative_values if self._tentative else self._values
+        if v not in memo:
+            memo[v] = ()  # a cycle through a loop predicts no pending sum
+            memo[v] = self._predict(v)
+        return memo[v]
+
+    def carried(self, loop: Op, k: int) -> Partial:
+        """The pending sum the k-th value carried by the `while` keeps (empty: none)."""
+        key = (loop, k)
+        if key not in self._carried:
+            self._carried[key] = ()
+            self._carried[key] = self._accumulated(loop, k)
+        return self._carried[key]
+
+    def _predict(self, v: Value) -> Partial:
+        op = v.producer
+        if op is None:
+            loop = self._body_arg.get(v)
+            return self.carried(*loop) if loop is not None else ()
+        j = op.results.index(v)
+        if op.name == "stablehlo.while":
+            return self.carried(op, j)
+        nest = self.state.nest_of(op)
+        partial = tuple((a, e.results[j].reduction) for a, e in nest
+                        if isinstance(e.results[j], Sum))
+        return (*self.forwarded(op), *partial)
+
+    def forwarded(self, op: Op, assume: dict[Value, Partial] | None = None) -> Partial:
+        """The pending sum `op` runs on: its linear operands all carry the same one (of
+        additions) in the tiling the op consumes them in, its other operands none. `assume`
+        overrides the prediction for some operands (a loop's accumulator being decided)."""
+        chain = {op} if self._tentative else self.chain
+        which = linear_operands(op, chain)
+        if not which:
+            return ()
+        assume = assume or {}
+        nest = self.state.nest_of(op)
+        sums = set()
+        for i in which:
+            v = op.operands[i]
+            wanted = sorted((a, e.operands[i]) for a, e in nest if e.operands[i] is not None)
+            if sorted(self.state.tiles_of(v)) != wanted:
+                return ()
+            sums.add(assume[v] if v in assume else self.of(v))
+        if len(sums) != 1:
+            return ()
+        (partial,) = sums
+        if not partial or any(kind != "add" for _, kind in partial):
+            return ()
+        if any(self.of(op.operands[i]) for i in range(len(op.operands)) if i not in which):
+            return ()
+        return partial
+
+    def _accumulated(self, loop: Op, k: int) -> Partial:
+        body = loop.regions[1].blocks[0]
+        cond = loop.regions[0].blocks[0]
+        arg, returned = body.args[k], body.ops[-1].operands[k]
+        update = returned.producer
+        if (not is_zero(loop.operands[k]) or update is None or update.name not in _ACCUMULATORS
+                or any(cond.args[k] in o.operands for o in walk(cond.ops))):
+            return ()
+        readers = [o for o in walk(body.ops) if arg in o.operands]
+        linear = [update.operands[i] for i in linear_operands(update)]
+        if readers != [update] or linear.count(arg) != 1 or (
+                update.name == "stablehlo.dynamic_update_slice" and linear[0] is not arg):
+            return ()
+        # The accumulator carries what is added to it: decide with that assumption, letting
+        # shape ops on the way forward the sum; if it holds, they join the chain.
+        added = [v for v in linear if v is not arg]
+        tentative, self._tentative = self._tentative, True
+        try:
+            partial = self._predict(added[0]) if added else ()
+            if not partial or any(self._predict(v) != partial for v in added):
+                return ()
+            partial = self.forwarded(update, assume={arg: partial})
+        finally:
+            self._tentative = tentative
+            if not tentative:
+                self._tentative_values.clear()
+        if partial:
+            for v in added:
+                self._join_chain(v)
+        return partial
+
+    def _join_chain(self, v: Value) -> None:
+        """Register the shape ops between `v` and the partial sums it is made of."""
+        op = v.producer
+        while op is not None and op.name in CHAIN_OPS and op not in self.chain:
+            self.chain.add(op)
+            op = op.operands[0].producer
+        if op is not None and op.name in LINEAR_OPERANDS:
+            for i in linear_operands(op):
+                self._join_chain(op.operands[i])
