@@ -37,6 +37,8 @@ class TacticReport:
     search: SearchResult | None = None
     # Conflicts resolved by redistribution so far (op, location, entry, moves, bytes).
     resolutions: list[str] = field(default_factory=list)
+    # What tactics so far said about the program (`PartitionState.notes`).
+    notes: list[str] = field(default_factory=list)
     # Per collective op of the program, what the row knew when it was made; `records` turns
     # them into `CollectiveRecord`s on first read (parsing source locations then).
     sites: list[CollectiveSite] = field(default_factory=list, compare=False, repr=False)
@@ -176,8 +178,11 @@ class Metadata:
         if last.unsupported_ops:
             out.append("ops without a TMR rule, kept replicated: " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(last.unsupported_ops.items())))
-        shown = 0
+        shown = noted = 0
         for t in self.tactics:
+            for note in t.notes[noted:]:
+                out.append(f"after {t.name}: {note}")
+            noted = len(t.notes)
             for r in t.resolutions[shown:]:
                 out.append(f"resolved after {t.name}: {r}")
             shown = len(t.resolutions)

@@ -253,6 +253,16 @@ class PipelineParallel:
         for v in ctx.state.tags.get(STATE_TAG, []):
             if ctx.state.dim_of(v, self.axis) is None:
                 ctx.tile(v, 0, self.axis)
+        ctx.state.notes.append(self.describe())
+
+    def describe(self) -> str:
+        """The report's line: the pipeline's shape, its bubble and what each stage holds."""
+        shape = self.found
+        S, M, L = shape.stages, shape.microbatches, shape.layers
+        return (f"pipeline ({self.schedule}) over {self.axis!r}: {S} stages of {L // S} "
+                f"layers, {M} microbatches of {self.batch // M}, {shape.iterations} "
+                f"iterations, bubble (S-1)/(M+S-1) = {shape.bubble:.1%}; each stage keeps "
+                f"the activations of all {M} microbatches until the backward pass")
 
     @property
     def bubble(self) -> float | None:

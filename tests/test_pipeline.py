@@ -138,6 +138,7 @@ def test_pp_bp_gives_jax_jit_numbers_with_stages_holding_their_layers(model, mic
                           [pp, partir.tactic("BP", axis="batch")])
     assert _stage_sharded(meta)
     assert pp.bubble == pytest.approx(3 / (microbatches + 3))
+    assert f"bubble (S-1)/(M+S-1) = {3 / (microbatches + 3):.1%}" in meta.report()
     row = meta.tactics[0]
     assert row.collectives.get("all_gather", 0) == 0 and row.collectives["all_permute"] == 2
     compiled = fn.lower(*model[0]).compile()

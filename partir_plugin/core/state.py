@@ -50,6 +50,9 @@ class PartitionState:
     resolve_conflicts: bool = True
     resolutions: list = field(default_factory=list)  # resolution.Resolution, in order
     resolved: set[tuple[Op, str]] = field(default_factory=set)  # (op, axis) of each
+    # What a tactic wants the report to say about the program it made (PP: the pipeline's
+    # shape and bubble), in order.
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -71,6 +74,7 @@ class PartitionState:
         new.tags = {k: list(v) for k, v in self.tags.items()}
         new.boundaries = set(self.boundaries)
         new.resolutions = list(self.resolutions)
+        new.notes = list(self.notes)
         new.resolved = set(self.resolved)
         new._reported = set(self._reported)
         return new
