@@ -19,12 +19,14 @@ their results are never read, so nothing they produce, NaN included, reaches the
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend import core as jex_core
 
 from .core.actions import TacticContext
 from .core.mesh import Mesh
@@ -158,6 +160,43 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     return final, outputs[0]
 
 
+class PipelineWarning(UserWarning):
+    """Pipelining changes what the step computes (batch-coupled ops in the layer body)."""
+
+
+_BATCH_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+                               "reduce_and", "reduce_or", "argmax", "argmin", "cumsum",
+                               "cumprod", "cummax", "cummin", "cumlogsumexp"})
+
+
+def batch_coupled_ops(body: Callable, carry, xs, batch: int) -> list[str]:
+    """The reductions in one layer of `body` whose reduced axes include a leading dimension of
+    size `batch` of a value computed from the carry: rows of a microbatch would see only
+    their microbatch (batch norm's statistics). A heuristic: a non-batch dimension of the same
+    size counts too, so it warns, never refuses."""
+    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
+    closed = jax.make_jaxpr(lambda c, x: body(c, x))(carry, layer)
+    found: list[str] = []
+
+    def visit(jaxpr, tainted: set) -> None:
+        for eqn in jaxpr.eqns:
+            reads = [v for v in eqn.invars if not isinstance(v, jex_core.Literal)]
+            if not any(v in tainted for v in reads):
+                continue
+            tainted.update(eqn.outvars)
+            axes = eqn.params.get("axes", (eqn.params.get("axis"),))
+            operand = eqn.invars[0].aval
+            if (eqn.primitive.name in _BATCH_REDUCTIONS and getattr(operand, "ndim", 0)
+                    and operand.shape[0] == batch and 0 in tuple(axes or ())):
+                found.append(eqn.primitive.name)
+            for sub in jex_core.jaxprs_in_params(eqn.params):
+                visit(sub, set(sub.invars))
+
+    n_carry = len(jax.tree.leaves(carry))
+    visit(closed.jaxpr, set(closed.jaxpr.invars[:n_carry]))
+    return sorted(set(found))
+
+
 class _LayerLoopHook:
     """While the step is traced: the first `jax.lax.scan` over stacked layers (every `xs` leaf
     with the same leading length, every carried leaf batch-major) becomes a pipelined loop.
@@ -190,6 +229,13 @@ class _LayerLoopHook:
                                  **kwargs)
         layers = jax.tree.leaves(xs)[0].shape[0]
         batch = jax.tree.leaves(init)[0].shape[0]
+        coupled = batch_coupled_ops(f, init, xs, batch)
+        if coupled:
+            warnings.warn(f"{self.tactic.name}: the layer body reduces over the batch "
+                          f"dimension ({', '.join(coupled)}): microbatching computes those "
+                          f"statistics per microbatch of {batch // self.tactic.microbatches}, "
+                          f"not over the batch of {batch} (e.g. batch norm), so results may "
+                          f"differ from the unpipelined step", PipelineWarning, stacklevel=2)
         self.tactic.found = PipelineShape(self.stages, self.tactic.microbatches, layers)
         self.tactic.batch = batch
         self.inside = True

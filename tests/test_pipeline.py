@@ -163,6 +163,13 @@ def test_pp_bp_mp_and_pp_bp_z3_compose(model):
     assert _stage_sharded(meta)
 
 
+def test_pp_composes_with_automatic_partition(model):
+    _, meta = _pipelined(model, {"stage": 4, "batch": 2},
+                         [partir.tactic("PP", axis="stage", microbatches=4),
+                          partir.AutomaticPartition(["batch"], iterations=20)])
+    assert _stage_sharded(meta)
+
+
 def test_poisoned_bubbles_change_nothing(model):
     _pipelined(model, {"stage": 4, "batch": 2},
                [partir.tactic("PP", axis="stage", microbatches=4, poison_bubbles=True),
@@ -243,3 +250,33 @@ def test_pp_errors_name_the_tactic(model):
                    [partir.tactic("PP")])[0].lower(*uargs)
     with pytest.raises(partir.PartitionError, match="schedule 'zero-bubble' is not built"):
         partir.tactic("PP", schedule="zero-bubble")
+
+
+def test_batch_coupled_layer_bodies_warn():
+    """A layer normalising over the batch (batch norm's statistics) computes them per
+    microbatch once pipelined: PP warns; a body that reduces over features does not."""
+    from partir_plugin.pipelining import PipelineWarning
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (8, 8, 8))
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+
+    def batch_norm(h, w):
+        h = h @ w
+        return (h - h.mean(axis=0)) / (h.std(axis=0) + 1e-3), None
+
+    def layer_norm(h, w):
+        h = jnp.tanh(h @ w)
+        return h - h.mean(axis=-1, keepdims=True), None
+
+    def lowered(body):
+        step = lambda w, x: jax.value_and_grad(lambda w: (lax.scan(body, x, w)[0] ** 2).sum())(w)
+        fn, _ = partir.jit(step, {"stage": 4}, [partir.tactic("PP", microbatches=4)])
+        fn.lower(w, x)
+
+    with pytest.warns(PipelineWarning, match="reduces over the batch dimension"):
+        lowered(batch_norm)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PipelineWarning)
+        lowered(layer_norm)
