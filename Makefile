@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts \
-	bench-partition-time bench-autopart bench-context-parallel clean
+	bench-partition-time bench-autopart bench-context-parallel bench-pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench-paper-counts: $(STAMP)
 
 bench-context-parallel: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/context_parallel.py
+
+bench-pipeline: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,209 @@
+"""Pipeline parallelism (issue 22): [PP, BP] against [BP] and [BP, Z3] on 8 CPU devices, and
+the simulator's estimate at the paper's size.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python benchmarks/pipeline.py
+    (or `make bench-pipeline`; options: --reps 5 --steps 10 --no-write)
+
+Measured: the transformer of `partir_plugin/models/transformer.py`, scanned over 8 layers
+(d_model 128, 4 heads of 32, ffw 512, vocabulary 256, batch 16, sequence 32; a train step
+with Adam), under [PP, BP] on {stage: 4, batch: 2} with M = 4 and 8 microbatches, and under
+[BP] and [BP, Z3] on {batch: 8}, all through `partir_plugin.jit`. Per schedule: partition +
+compile time (`partir.jit(step).lower(*args).compile()`, a fresh step function each time,
+jax's caches cleared), step time (the median of `--steps` steps, repeated `--reps` times with
+the schedules alternating; minimum of the medians), XLA's memory analysis of the compiled
+step (arguments + temporaries per device), and the loss against the unpartitioned jax.jit.
+No speed claim is expected: 8 virtual devices share 2 cores, so a pipeline's bubble and its
+sequential iterations cost here what they would on real hardware, while the parallelism they
+buy does not exist.
+
+Estimated: T32 (the paper's 32-layer transformer, batch 48, scanned) on 64 devices, by the
+analytical simulator on `--hardware` (default h100-sxm): [BP, MP, Z3] on {batch: 8, model:
+8}, [PP, BP] on {stage: 8, batch: 8} and [PP, BP, MP] on {stage: 4, batch: 8, model: 2}
+with M = 6 (48 = 6 microbatches of 8, one row per data shard), nothing run. The estimate charges
+the bubble (idle stages compute on zeros in the pipelined program) and every permute on the
+critical path of each iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import harness  # noqa: F401  (before jax: 8 CPU devices, repo root on sys.path)
+
+COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python "
+           "benchmarks/pipeline.py")
+HEADING = "## Pipeline parallelism"
+
+
+def config():
+    from partir_plugin.models import transformer
+
+    return dataclasses.replace(transformer.Config.small(layers=8, scan=True), batch=16,
+                               seq_len=32, vocab=256, d_model=128, heads=4, head_dim=32,
+                               ffw=512)
+
+
+def schedules() -> dict[str, tuple[dict, list]]:
+    import partir_plugin as partir
+
+    bp = lambda: partir.tactic("BP", axis="batch")  # noqa: E731
+    return {
+        "[PP, BP] M=4": ({"stage": 4, "batch": 2},
+                         [partir.tactic("PP", axis="stage", microbatches=4), bp()]),
+        "[PP, BP] M=8": ({"stage": 4, "batch": 2},
+                         [partir.tactic("PP", axis="stage", microbatches=8), bp()]),
+        "[BP]": ({"batch": 8}, [bp()]),
+        "[BP, Z3]": ({"batch": 8}, [bp(), partir.tactic("Z3", axis="batch")]),
+    }
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    compile_s: list = dataclasses.field(default_factory=list)
+    step_s: list = dataclasses.field(default_factory=list)
+    memory: int = 0
+    loss_error: float = 0.0
+    bubble: float | None = None
+    permutes: int = 0
+
+
+def measure(rows: dict[str, Row], reps: int, steps: int) -> None:
+    import jax
+    import numpy as np
+
+    import partir_plugin as partir
+    from partir_plugin.models import transformer
+
+    cfg = config()
+    args = transformer.init(cfg, jax.random.PRNGKey(0))
+    want = float(jax.jit(transformer.make_train_step(cfg))(*args)[2])
+    names = list(rows)
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            mesh, schedule = schedules()[name]
+            jax.clear_caches()
+            start = time.perf_counter()
+            fn, meta = partir.jit(transformer.make_train_step(cfg), mesh, schedule)
+            compiled = fn.lower(*args).compile()
+            row = rows[name]
+            row.compile_s.append(time.perf_counter() - start)
+            jax.block_until_ready(fn(*args))  # warm
+            times = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(fn(*args))
+                times.append(time.perf_counter() - t0)
+            row.step_s.append(statistics.median(times))
+            analysis = compiled.memory_analysis()
+            row.memory = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+            row.loss_error = abs(float(out[2]) - want) / abs(want)
+            pp = schedule[0]
+            row.bubble = getattr(pp, "bubble", None)
+            row.permutes = meta.tactics[-1].collectives.get("all_permute", 0)
+            print(f"  {name:14s} rep {rep}: compile {row.compile_s[-1]:.2f} s, step "
+                  f"{row.step_s[-1] * 1e3:.1f} ms", flush=True)
+    del np
+
+
+def estimate(hardware: str) -> list[tuple]:
+    """T32 on 64 devices, three schedules, by the simulator (nothing runs)."""
+    import jax
+
+    import partir_plugin as partir
+    from partir_plugin.core.mesh import Mesh
+    from partir_plugin.models import megatron, transformer
+    from partir_plugin.pipeline import apply_schedule, trace, trace_hooks
+
+    cfg = transformer.Config.paper(scan=True)
+    args = jax.eval_shape(lambda: transformer.init(cfg, jax.random.PRNGKey(0)))
+    mp = lambda: partir.tactic("MP", rule=megatron.transformer_rule, axis="model")  # noqa
+    bp = lambda: partir.tactic("BP", axis="batch")  # noqa: E731
+    cases = [
+        ("[BP, MP, Z3]", {"batch": 8, "model": 8},
+         [bp(), mp(), partir.tactic("Z3", axis="batch")]),
+        ("[PP, BP] M=6", {"stage": 8, "batch": 8},
+         [partir.tactic("PP", axis="stage", microbatches=6), bp()]),
+        ("[PP, BP, MP] M=6", {"stage": 4, "batch": 8, "model": 2},
+         [partir.tactic("PP", axis="stage", microbatches=6), bp(), mp()]),
+    ]
+    out = []
+    for name, mesh, schedule in cases:
+        mesh = Mesh.of(mesh)
+        traced = trace(transformer.make_train_step(cfg), args, trace_hooks(schedule, mesh))
+        part = apply_schedule(traced.func, traced.leaves, mesh, schedule, hardware=hardware,
+                              arg_names=traced.arg_names)
+        final = part.reports[-1]
+        bubble = getattr(schedule[0], "bubble", None)
+        out.append((name, dict(mesh.shape), final.estimated_runtime_s,
+                    final.estimated_peak_memory_bytes, final.collectives, bubble))
+        print(f"  T32 {name}: {final.estimated_runtime_s:.3f} s, "
+              f"{final.estimated_peak_memory_bytes / 2**30:.1f} GiB", flush=True)
+    return out
+
+
+def section(rows: dict[str, Row], estimates: list[tuple], hardware: str, reps: int,
+            steps: int, total_s: float) -> str:
+    from partir_plugin.metadata import fmt_bytes, fmt_time
+
+    base = rows["[BP]"]
+    lines = [HEADING, "",
+             f"Command: `make bench-pipeline` (runs `{COMMAND}`; {total_s / 60:.1f} min). "
+             f"The scanned transformer of 8 layers (d_model 128, ffw 512, batch 16, sequence "
+             f"32, Adam) on 8 virtual CPU devices sharing 2 cores; {reps} repetitions with the "
+             f"schedules alternating, each the median of {steps} steps; minimum shown. "
+             "Partition + compile: `partir.jit(step).lower(*args).compile()` with a fresh "
+             "step function and jax's caches cleared. Memory: XLA's memory analysis of the "
+             "compiled step, arguments + temporaries per device.", "",
+             "| schedule | mesh | partition + compile | step | step / [BP] | memory / device "
+             "| memory / [BP] | bubble | permutes | loss vs jax.jit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        mesh = schedules()[name][0]
+        lines.append(
+            f"| {name} | {mesh} | {fmt_time(min(row.compile_s))} | "
+            f"{fmt_time(min(row.step_s))} | {min(row.step_s) / min(base.step_s):.2f} | "
+            f"{fmt_bytes(row.memory)} | {row.memory / base.memory:.2f} | "
+            f"{'-' if row.bubble is None else f'{row.bubble:.1%}'} | {row.permutes} | "
+            f"{row.loss_error:.1e} |")
+    lines += ["", f"Estimated by the analytical simulator on `{hardware}`: T32 (32 layers, "
+                  "batch 48, d_model 4096, scanned) on 64 devices, nothing run.", "",
+              "| schedule | mesh | est. step | est. peak memory / device | collectives "
+              "(AG/AR/RS/A2A/AP) | bubble |", "|---|---|---|---|---|---|"]
+    for name, mesh, runtime, memory, counts, bubble in estimates:
+        c = "/".join(str(counts.get(k, 0)) for k in ("all_gather", "all_reduce",
+                                                      "reduce_scatter", "all_to_all",
+                                                      "all_permute"))
+        lines.append(f"| {name} | {mesh} | {fmt_time(runtime)} | {fmt_bytes(memory)} | {c} | "
+                     f"{'-' if bubble is None else f'{bubble:.1%}'} |")
+    lines += ["", harness.ANALYSIS_MARKER, ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--hardware", default="h100-sxm")
+    parser.add_argument("--no-estimate", action="store_true",
+                        help="skip the T32 estimate (it traces the 5B-parameter step)")
+    harness.add_output_args(parser)
+    args = parser.parse_args(argv)
+    if not harness.has_devices(8):
+        return 1
+    t0 = time.perf_counter()
+    rows = {name: Row(name) for name in schedules()}
+    measure(rows, args.reps, args.steps)
+    estimates = [] if args.no_estimate else estimate(args.hardware)
+    text = section(rows, estimates, args.hardware, args.reps, args.steps,
+                   time.perf_counter() - t0)
+    harness.publish(HEADING, text, args.output, write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

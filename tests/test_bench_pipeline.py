@@ -1,0 +1,25 @@
+"""benchmarks/pipeline.py in one short repetition: every schedule gives jax.jit's loss, the
+pipelined rows report their bubble and permutes, and the T32 estimate has its three rows."""
+
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def test_pipeline_benchmark_writes_its_section(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import pipeline  # benchmarks/pipeline.py (imports harness.py)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    out = tmp_path / "BENCHMARKS.md"
+    assert pipeline.main(["--reps", "1", "--steps", "1", "--output", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Benchmarks") and pipeline.HEADING in text
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    assert len(rows) == 4 + 3, rows
+    for line in rows[:4]:
+        assert float(line.rsplit("|", 2)[1]) < 1e-5  # loss vs jax.jit
+    assert "| [PP, BP] M=8 | {'stage': 4, 'batch': 2} |" in text and "27.3% | 2 |" in text
+    assert "| [PP, BP, MP] M=6 | {'stage': 4, 'batch': 8, 'model': 2} |" in text
