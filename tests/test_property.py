@@ -5,14 +5,14 @@ A program is a `Recipe`: argument shapes and a list of op specs (elementwise una
 ops, dot_general with or without a batch dimension, reduce add/max/min, transpose,
 broadcast_in_dim, reshape split/merge; less often iota, slice, pad, concatenate, reverse; and
 ops that index, window or loop: gather and scatter at constant indices (add with repeats, set),
-1-D convolution (stride, SAME/VALID, window dilation), reduce_window pooling, cumsum and a
-while loop reading an outer value). Dimensions are powers of two, one in five uneven (12 or
-37: no axis, or not every axis, divides them). Result shapes come from jax's own shape rules
-(`result_shape`). `build` turns a recipe into a Python function, so hypothesis shrinks a
-failure to a small recipe. A schedule is 1-3 tactics, each tiling random argument
-dimensions on one mesh axis, under either conflict policy (resolved by redistribution, or
-stopped); choices that the current state cannot take (already tiled on that axis, or a size
-the state refuses) are skipped.
+1-D convolution (stride, SAME/VALID, window dilation), reduce_window pooling, cumsum,
+`partir_plugin.roll` and a while loop reading an outer value). Dimensions are powers of two,
+one in five uneven (12 or 37: no axis, or not every axis, divides them). Result shapes come
+from jax's own shape rules (`result_shape`). `build` turns a recipe into a Python function,
+so hypothesis shrinks a failure to a small recipe. A schedule is 1-3 tactics, each tiling
+random argument dimensions on one mesh axis, under either conflict policy (resolved by
+redistribution, or stopped); choices that the current state cannot take (already tiled on that
+axis, or a size the state refuses) are skipped.
 
 Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
 reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.
@@ -118,6 +118,9 @@ def apply_op(spec: tuple, get):
     if op == "cumsum":
         _, x, dim, reverse = spec
         return lax.cumsum(get(x), dim, reverse=reverse)
+    if op == "roll":  # partir_plugin.roll: block rotations between devices where tiled
+        _, x, dim, shift = spec
+        return partir.roll(get(x), shift, dim)
     if op == "while":  # a loop carrying x, reading y from outside
         _, x, y = spec
         v, c = get(x), get(y)
@@ -210,6 +213,8 @@ def recipes(draw) -> Recipe:
                     draw(st.sampled_from(["SAME", "VALID"])))
         if kind == "cumsum":
             return ("cumsum", x, dim, draw(st.booleans()))
+        if kind == "roll":
+            return ("roll", x, dim, draw(st.integers(-xs[dim], 2 * xs[dim])))
         return ("while", x, operand_like(xs))
 
     new_arg(any_shape())
@@ -220,7 +225,7 @@ def recipes(draw) -> Recipe:
         spec, out_shape = None, None
         if kind == "indexed":  # gather, scatter, convolution, pooling, cumsum, while loop
             spec = draw_indexed(draw(st.sampled_from(
-                ["gather", "scatter", "conv", "window", "cumsum", "while"])))
+                ["gather", "scatter", "conv", "window", "cumsum", "while", "roll"])))
             if spec is None:
                 continue
             ops.append(spec)
