@@ -118,7 +118,8 @@ class PartitionedFunction:
     user's `jax.jit`, `lax.scan` and `jax.export`); it partitions on first use per avals."""
 
     def __init__(self, fn, mesh, schedule: Sequence, donate_argnums=(), hardware=None,
-                 metadata: Metadata | None = None, conflicts: str = "redistribute"):
+                 metadata: Metadata | None = None, conflicts: str = "redistribute",
+                 scatter_sums: bool | None = None):
         import functools
 
         import jax
@@ -131,6 +132,10 @@ class PartitionedFunction:
                             else donate_argnums)
         self.hardware = hardware
         self.conflicts = ConflictPolicy.of(conflicts)
+        # XLA:CPU runs a pending sum faster all-reduced (and combined) then sliced than
+        # reduce-scattered; elsewhere reduce_scatter (`PartitionState.scatter_sums`).
+        self.scatter_sums = (self.jax_mesh.devices.flat[0].platform != "cpu"
+                             if scatter_sums is None else bool(scatter_sums))
         self.metadata = metadata if metadata is not None else Metadata()
         self._cache: dict[tuple, Partition] = {}
         for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -175,7 +180,7 @@ class PartitionedFunction:
         traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
                               hardware=self.hardware, arg_names=traced.arg_names,
-                              conflicts=self.conflicts)
+                              conflicts=self.conflicts, scatter_sums=self.scatter_sums)
         program = part.program
         function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"), program.text(),
                                        self.jax_mesh, program.in_layouts, program.out_layouts,
@@ -209,7 +214,8 @@ class PartitionedFunction:
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
-        conflicts: str = "redistribute") -> tuple[PartitionedFunction, Metadata]:
+        conflicts: str = "redistribute", scatter_sums: bool | None = None
+        ) -> tuple[PartitionedFunction, Metadata]:
     """Partition `fn` over `mesh` with `schedule` (a list of tactics), like `jax.jit`.
 
     Returns the partitioned callable and its `Metadata`, filled when the callable first sees
@@ -222,10 +228,16 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
     "redistribute" (the default) keeps the op partitioned along the cheapest entry and moves
     the operands that do not fit (each resolution is a line of the report); "stop" is PartIR's
     strict semantics: the op stays unpartitioned on the axis and its operands are gathered.
+
+    `scatter_sums`: a pending sum that its consumer tiles further (a ZeRO gradient onto its
+    sharded optimizer state) is reduce-scattered (True) or all-reduced and sliced (False).
+    None picks by the mesh's platform: False on CPU, where XLA combines all-reduces and runs
+    them faster than reduce-scatters (docs/BENCHMARKS.md), True elsewhere (XLA:GPU also turns
+    all-reduce + slice into reduce-scatter itself).
     """
     hardware = resolve_hardware_option(hardware)
     f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware,
-                            conflicts=conflicts)
+                            conflicts=conflicts, scatter_sums=scatter_sums)
     return f, f.metadata
 
 

@@ -231,26 +231,27 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
 def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hardware=None,
                    registry: TileMappingRegistry | None = None,
                    arg_names: list[str] | None = None,
-                   conflicts: str | ConflictPolicy = ConflictPolicy.REDISTRIBUTE
-                   ) -> Partitioned:
+                   conflicts: str | ConflictPolicy = ConflictPolicy.REDISTRIBUTE,
+                   scatter_sums: bool = True) -> Partitioned:
     """Apply each tactic then `propagate`, and lower the final state to the device-local
     program. The per-tactic report rows are made when first read (`TacticReports`); an unknown
-    `hardware` name fails here, not then."""
+    `hardware` name fails here, not then. `scatter_sums`: `PartitionState.scatter_sums`."""
     from .simulation import resolve_hardware_option
 
     hardware = resolve_hardware_option(hardware)
     policy = ConflictPolicy.of(conflicts)
     with gc_paused():
         return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
-                               policy)
+                               policy, scatter_sums)
 
 
-def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names, policy
-                    ) -> Partitioned:
+def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names, policy,
+                    scatter_sums) -> Partitioned:
     from .kernel import default_registry
 
     state = PartitionState(func, mesh, registry or default_registry(),
-                           resolve_conflicts=policy is ConflictPolicy.REDISTRIBUTE)
+                           resolve_conflicts=policy is ConflictPolicy.REDISTRIBUTE,
+                           scatter_sums=scatter_sums)
     after = []
     for tactic in schedule:
         if hasattr(tactic, "reserve"):

@@ -66,6 +66,10 @@ class ManualPartition:
     # selector` over every tag. A decided tag is a redistribution point (`TacticContext.tile`).
     tags: dict[str, Selector] | Callable[[str, tuple], Selector] = field(default_factory=dict)
     strict: bool = False
+    # Argument names whose leaves this tactic tiles are gathered afresh for every consumer
+    # (ZeRO-3's parameters: the backward pass gathers them again instead of keeping the
+    # forward pass's gathered copy alive until then; memory for one more all_gather).
+    regather: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.inputs, dict):
@@ -83,6 +87,9 @@ class ManualPartition:
             self._select(ctx, selector, leaves, depth=0, where=arg)
             if leaves and not self._decided and _has_rule(selector):
                 self._matched_nothing(arg, leaves)
+        for arg in self.regather:
+            ctx.state.regather.update(leaf.value for leaf in ctx.leaves_of(arg)
+                                      if ctx.state.dim_of(leaf.value, self.axis) is not None)
         for tag, selector in self._tag_selectors(ctx.state).items():
             self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
 

@@ -112,7 +112,7 @@ def test_mlp_bp_mp_z3_schedule():
                 partir.ManualPartition({"params": partir.FIRST_DIVISIBLE_DIM,
                                         "opt_state": partir.FIRST_DIVISIBLE_DIM},
                                        axis="batch", name="Z3")]
-    step, meta = partir.jit(train_step, {"batch": 4, "model": 2}, schedule)
+    step, meta = partir.jit(train_step, {"batch": 4, "model": 2}, schedule, scatter_sums=True)
     new = step(params, opt_state, batch)
     _assert_trees_close(new, jax.jit(train_step)(params, opt_state, batch))
     n = len(jax.tree.leaves(params))
@@ -212,3 +212,35 @@ def test_keyword_arguments_bind_like_jax_jit(chain_args):
     assert len(step._cache) == 1 and step(x, w1, w2).shape == (256, 8)
     with pytest.raises(TypeError, match="matmul_chain: missing a required argument: .w2."):
         step(x, w1, w3=w2)
+
+
+def test_z3_on_cpu_all_reduces_then_slices_and_can_regather():
+    """On CPU (`scatter_sums` by platform) ZeRO-3's gradients are all-reduced and sliced, not
+    reduce-scattered (XLA:CPU combines all-reduces and runs them faster); `regather=True`
+    gathers each parameter again for each use (the backward pass's among them). Both give
+    jax.jit's numbers."""
+    train_step, params, opt_state, batch = _mlp_setup()
+    n = len(jax.tree.leaves(params))
+    want = jax.jit(train_step)(params, opt_state, batch)
+    counts = {}
+    for regather in (False, True):
+        schedule = [partir.tactic("BP", axis="batch"),
+                    partir.tactic("Z3", axis="batch", regather=regather)]
+        step, meta = partir.jit(train_step, {"batch": 8}, schedule)
+        _assert_trees_close(step(params, opt_state, batch), want)
+        counts[regather] = meta.tactics[-1].collectives
+        assert counts[regather]["reduce_scatter"] == 0
+        compiled = hlo_collective_counts(step.lower(params, opt_state, batch).compile().as_text())
+        assert compiled["reduce_scatter"] == 0
+    # Every parameter is gathered once without regather; a kernel used by the forward and the
+    # backward pass (its input gradient) is gathered once more with it.
+    assert counts[False]["all_gather"] == n
+    assert counts[True]["all_gather"] > n
+    # With reduce_scatter asked for, each of those all_reduces is one.
+    step, meta = partir.jit(train_step, {"batch": 8}, [partir.tactic("BP", axis="batch"),
+                                                       partir.tactic("Z3", axis="batch")],
+                            scatter_sums=True)
+    step.lower(params, opt_state, batch)
+    scattered = meta.tactics[-1].collectives
+    assert scattered["reduce_scatter"] == n
+    assert scattered["all_reduce"] + n == counts[False]["all_reduce"]

@@ -70,7 +70,7 @@ def test_atomic_parameter_stays_replicated_z2():
     params, opt_state, batch = mlp.init(model, optimizer, batch_size=32, features=16)
     train_step = mlp.make_train_step(model, optimizer)
     schedule = [partir.tactic("BP", axis="batch"), partir.tactic("Z2", axis="batch")]
-    step, meta = partir.jit(train_step, {"batch": 8}, schedule)
+    step, meta = partir.jit(train_step, {"batch": 8}, schedule, scatter_sums=True)
     new_params, _, loss = step(params, opt_state, batch)
     ref_params, _, ref_loss = jax.jit(train_step)(params, opt_state, batch)
     for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params)):

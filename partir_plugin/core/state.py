@@ -48,11 +48,20 @@ class PartitionState:
     # Conflicts are resolved by redistributing operands (`resolution.py`); False keeps
     # PartIR's strict semantics (stop at the op, which then gathers its operands).
     resolve_conflicts: bool = True
+    # How a pending sum reaches a consumer that tiles the summed dimension: reduce_scatter
+    # (half the bytes of an all_reduce), or all_reduce then the local slice. XLA:CPU runs
+    # reduce-scatter slower than all-reduce, which it combines into a few ops, and adds layout
+    # copies around it; XLA:GPU rewrites all-reduce + slice into reduce-scatter itself. The
+    # runtime picks by platform (`api.PartitionedFunction`).
+    scatter_sums: bool = True
     resolutions: list = field(default_factory=list)  # resolution.Resolution, in order
     resolved: set[tuple[Op, str]] = field(default_factory=set)  # (op, axis) of each
     # What a tactic wants the report to say about the program it made (PP: the pipeline's
     # shape and bubble), in order.
     notes: list[str] = field(default_factory=list)
+    # Values gathered again for each consumer instead of once for all (ZeRO-3's parameters:
+    # the backward pass gathers them afresh rather than keeping the forward's copy alive).
+    regather: set[Value] = field(default_factory=set)
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -75,6 +84,7 @@ class PartitionState:
         new.boundaries = set(self.boundaries)
         new.resolutions = list(self.resolutions)
         new.notes = list(self.notes)
+        new.regather = set(self.regather)
         new.resolved = set(self.resolved)
         new._reported = set(self._reported)
         return new

@@ -257,15 +257,18 @@ def emit_plan(em: _Emitter, x: Value, plan) -> Value:
     return x
 
 
-def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
+def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool = True
+            ) -> Value:
     """Collectives taking local `x` from layout `src` to `dst`.
 
     A `dst` with pending sums (a loop's accumulator, `accumulation.py`) is reached from the
-    full value kept on one device of each group and zeros elsewhere (the sum is the value)."""
+    full value kept on one device of each group and zeros elsewhere (the sum is the value).
+    `scatter_sums=False` all-reduces a pending sum the target tiles further and slices it locally
+    (`PartitionState.scatter_sums`)."""
     if src == dst or not x.type.is_tensor:
         return x
     if dst.partial:
-        x = convert(em, x, src, Layout(dst.dims))
+        x = convert(em, x, src, Layout(dst.dims), scatter_sums)
         return em.keep_on_first(x, tuple(a for a, _ in dst.partial))
     rank = len(src.dims)
     dims = list(src.dims)
@@ -276,7 +279,7 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout) -> Value:
         kinds.setdefault(kind, []).append(axis)
     for kind, axes in kinds.items():
         scatter = None
-        for d in range(rank):
+        for d in range(rank if scatter_sums else 0):
             have, want = dims[d], dst.dims[d]
             if len(want) > len(have) and want[: len(have)] == have:
                 extra = want[len(have):]
@@ -451,6 +454,8 @@ class _Lowering:
     def use(self, v: Value, want: Layout) -> Value:
         x, have = self.local[v]
         key = (v, want)
+        if v in self.state.regather and have != want:
+            return self._convert(v, x, have, want)  # each consumer gathers afresh
         if key not in self.converted:
             self.converted[key] = self._convert(v, x, have, want)
         return self.converted[key]
@@ -458,13 +463,14 @@ class _Lowering:
     def _convert(self, v: Value, x: Value, have: Layout, want: Layout) -> Value:
         if have == want or not x.type.is_tensor:
             return x
-        caching = self.cache is not None and self.top
+        # A value gathered afresh for each consumer has one segment per consumer: not cached.
+        caching = self.cache is not None and self.top and v not in self.state.regather
         if caching:
             hit = self.cache.conversions.get((v, have, want))
             if hit is not None and self._reuse(hit, [x]):
                 return hit.outputs[0]
         start = len(self.em.block.ops)
-        y = convert(self.em, x, have, want)
+        y = convert(self.em, x, have, want, self.state.scatter_sums)
         mark_origin(self.em.block.ops[start:], Conversion(v, self.consumer, have, want))
         if caching:
             self.cache.conversions[(v, have, want)] = _Segment(self.em.block.ops[start:], [x],

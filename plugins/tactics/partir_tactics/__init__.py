@@ -39,11 +39,15 @@ def zero2(axis: str = "batch", params: str = "params", opt_state: str = "opt_sta
 
 
 def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
-          name: str = "Z3") -> ManualPartition:
-    """Z3 (FSDP): shard parameters and optimizer state on `axis`; parameters are gathered
-    before use and their gradients reduce-scattered."""
+          regather: bool = False, name: str = "Z3") -> ManualPartition:
+    """Z3 (FSDP): shard parameters and optimizer state on `axis` (each on its first dimension
+    that divides, major first); parameters are gathered before use and their gradients
+    reduce-scattered. `regather=True` (FSDP's reshard-after-forward, and what jax.jit's
+    partitioner does) gathers a parameter afresh for each use, so the backward pass gathers
+    it again instead of the forward's copy staying alive until then: one more all_gather per
+    parameter for a smaller peak. `regather=False` keeps one gathered copy per step."""
     return ManualPartition({params: FIRST_DIVISIBLE_DIM, opt_state: FIRST_DIVISIBLE_DIM},
-                           axis=axis, name=name)
+                           axis=axis, name=name, regather=(params,) if regather else ())
 
 
 def embedding(axis: str = "model", params: str = "params", match: str = "embedding",
