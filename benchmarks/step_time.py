@@ -4,8 +4,9 @@
     (or `make bench-step-time`; options: --runs 15 --compile-reps 2 --no-write --models moe)
 
 On 8 virtual CPU devices as the mesh {batch: 4, model: 2}, for the transformer
-(`partir_plugin/models/transformer.py`) and the MLP example (`partir_plugin/examples/mlp.py`), each
-with the schedules BP, BP+MP and BP+MP+Z3 (the presets), and for the mixture of experts
+(`partir_plugin/models/transformer.py`), the MLP example (`partir_plugin/examples/mlp.py`) and a
+plain-JAX decoder (`benchmarks/decoder_lm.py`), each with the schedules BP, BP+MP, BP+Z3 and
+BP+MP+Z3 (the presets), and for the mixture of experts
 (`partir_plugin/models/moe.py`) with BP+EP on {batch: 2, expert: 4} and BP+EP+MP on
 {batch: 2, expert: 2, model: 2}, it measures
 
@@ -52,7 +53,7 @@ COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python 
            "benchmarks/step_time.py")
 HEADING = "## Step time, memory and partitioning time vs jax.jit (GSPMD)"
 MESH = (("batch", 4), ("model", 2))
-SCHEDULES = ("BP", "BP+MP", "BP+MP+Z3")
+SCHEDULES = ("BP", "BP+MP", "BP+Z3", "BP+MP+Z3")
 # The MoE's schedules need an expert axis: each has its own 8-device mesh.
 MOE_MESHES = {"BP+EP": (("batch", 2), ("expert", 4)),
               "BP+EP+MP": (("batch", 2), ("expert", 2), ("model", 2))}
@@ -145,6 +146,26 @@ def moe_model():
             f"{config.experts} experts f{config.ffw} (top-2, capacity "
             f"{config.capacity}) v{config.vocab} b{config.batch} s{config.seq_len}")
     return "moe", desc, build
+
+
+def decoder_model():
+    """A decoder LM written with plain JAX + optax (`benchmarks/decoder_lm.py`), a model none
+    of our code was tuned on."""
+    import decoder_lm  # benchmarks/decoder_lm.py
+    import jax
+
+    from partir_plugin.models import megatron
+
+    config = decoder_lm.Config(layers=4, d_model=128, heads=4, ffw=512, vocab=512, batch=16,
+                               seq_len=64)
+    args = decoder_lm.init(config, jax.random.PRNGKey(0))
+
+    def build():
+        return decoder_lm.make_train_step(config), args, Rules(megatron.transformer_rule)
+
+    desc = (f"plain-JAX decoder L{config.layers} d{config.d_model} h{config.heads} "
+            f"f{config.ffw} v{config.vocab} b{config.batch} s{config.seq_len} (optax adamw)")
+    return "decoder", desc, build
 
 
 def schedule_for(name: str, rules: Rules) -> list:
@@ -561,6 +582,7 @@ def analysis(cases: list[Case]) -> list[str]:
 MODELS: dict[str, tuple[Callable, dict[str, tuple[tuple[str, int], ...]]]] = {
     "transformer": (transformer_model, dict.fromkeys(SCHEDULES, MESH)),
     "mlp": (mlp_model, dict.fromkeys(SCHEDULES, MESH)),
+    "decoder": (decoder_model, dict.fromkeys(SCHEDULES, MESH)),
     "demo": (demo_model, {"BP+MP+Z3": MESH}),
     "moe": (moe_model, MOE_MESHES),
 }

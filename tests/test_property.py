@@ -6,13 +6,15 @@ ops, dot_general with or without a batch dimension, reduce add/max/min, transpos
 broadcast_in_dim, reshape split/merge; less often iota, slice, pad, concatenate, reverse; and
 ops that index, window or loop: gather and scatter at constant indices (add with repeats, set),
 1-D convolution (stride, SAME/VALID, window dilation), reduce_window pooling, cumsum,
-`partir_plugin.roll` and a while loop reading an outer value). Dimensions are powers of two,
-one in five uneven (12 or 37: no axis, or not every axis, divides them). Result shapes come
-from jax's own shape rules (`result_shape`). `build` turns a recipe into a Python function,
-so hypothesis shrinks a failure to a small recipe. A schedule is 1-3 tactics, each tiling
-random argument dimensions on one mesh axis, under either conflict policy (resolved by
-redistribution, or stopped); choices that the current state cannot take (already tiled on that
-axis, or a size the state refuses) are skipped.
+`partir_plugin.roll`, a while loop reading an outer value and a scan over a stacked weight).
+Dimensions are powers of two, one in five uneven (12 or 37: no axis, or not every axis,
+divides them). Result shapes come from jax's own shape rules (`result_shape`). `build` turns
+a recipe into a Python function, so hypothesis shrinks a failure to a small recipe. One
+example in four checks the value and the gradients (every argument) of the sum of the
+outputs' mean sines instead, so backward passes are partitioned too. A schedule is 1-3 tactics,
+each tiling random argument dimensions on one mesh axis, under either conflict policy
+(resolved by redistribution, or stopped); choices that the current state cannot take
+(already tiled on that axis, or a size the state refuses) are skipped.
 
 Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
 reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.
@@ -121,6 +123,9 @@ def apply_op(spec: tuple, get):
     if op == "roll":  # partir_plugin.roll: block rotations between devices where tiled
         _, x, dim, shift = spec
         return partir.roll(get(x), shift, dim)
+    if op == "scan":  # a layer loop: x [..., D] through L layers of a stacked w [L, D, D]
+        _, x, w = spec
+        return lax.scan(lambda h, wl: (jnp.tanh(h @ wl), None), get(x), get(w))[0]
     if op == "while":  # a loop carrying x, reading y from outside
         _, x, y = spec
         v, c = get(x), get(y)
@@ -213,6 +218,9 @@ def recipes(draw) -> Recipe:
                     draw(st.sampled_from(["SAME", "VALID"])))
         if kind == "cumsum":
             return ("cumsum", x, dim, draw(st.booleans()))
+        if kind == "scan":
+            layers = draw(st.sampled_from([2, 4, 8]))
+            return ("scan", x, operand_like((layers, xs[-1], xs[-1])))
         if kind == "roll":
             return ("roll", x, dim, draw(st.integers(-xs[dim], 2 * xs[dim])))
         return ("while", x, operand_like(xs))
@@ -225,7 +233,7 @@ def recipes(draw) -> Recipe:
         spec, out_shape = None, None
         if kind == "indexed":  # gather, scatter, convolution, pooling, cumsum, while loop
             spec = draw_indexed(draw(st.sampled_from(
-                ["gather", "scatter", "conv", "window", "cumsum", "while", "roll"])))
+                ["gather", "scatter", "conv", "window", "cumsum", "while", "roll", "scan"])))
             if spec is None:
                 continue
             ops.append(spec)
@@ -368,22 +376,35 @@ def programs_and_schedules(draw):
             arg = draw(st.integers(0, len(recipe.args) - 1))
             tiles.append((arg, draw(st.integers(0, len(recipe.args[arg]) - 1))))
         schedule.append(TileIfPossible(axis, tuple(tiles)))
-    return recipe, schedule, draw(st.sampled_from(["redistribute", "stop"]))
+    return (recipe, schedule, draw(st.sampled_from(["redistribute", "stop"])),
+            draw(st.integers(0, 3)) == 0)
 
 
-def check(recipe: Recipe, schedule, conflicts: str = "redistribute") -> None:
+def check(recipe: Recipe, schedule, conflicts: str = "redistribute", grad: bool = False
+          ) -> None:
+    """`grad`: the program is the value and the gradients (every argument) of the sum of its
+    outputs, so backward passes (transposed loops, accumulated gradients, scatter-adds) are
+    partitioned too."""
     fn = build(recipe)
+    if grad:
+        forward = fn
+
+        def fn(*args):
+            total = lambda *a: sum(jnp.mean(jnp.sin(o)) for o in forward(*a))  # noqa: E731
+            return jax.value_and_grad(total, argnums=tuple(range(len(args))))(*args)
     rng = np.random.default_rng(0)
     args = [rng.uniform(-1, 1, s).astype(np.float32) for s in recipe.args]
     step, meta = partir.jit(fn, MESH, schedule, conflicts=conflicts)
     got = step(*args)
     want = jax.jit(fn)(*args)
-    for g, w in zip(got, want, strict=True):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert g.shape == w.shape, (g.shape, w.shape)
         w = np.asarray(w)
-        # Sums of partial sums are reassociated: tolerance relative to the output's scale.
-        scale = max(1.0, float(np.abs(w).max()))
-        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5 * scale,
+        # Sums of partial sums are reassociated: tolerance relative to the output's scale
+        # (a gradient's own scale: they are small, a mean's derivatives).
+        scale = float(np.abs(w).max()) if grad else max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4 if grad else 1e-5,
+                                   atol=(1e-4 if grad else 1e-5) * max(scale, 1e-12),
                                    err_msg=meta.report())
 
 

@@ -302,8 +302,9 @@ def _args(specs, seed=0):
 
 def run_partitioned(fn, args, schedule):
     """Partition `fn` with `schedule` on MESH, run it, check it against `jax.jit`; return the
-    last tactic's report."""
-    step, meta = partir.jit(fn, MESH, schedule)
+    last tactic's report. Sums a consumer tiles are reduce-scattered, as on accelerators
+    (`scatter_sums`; CPU would all-reduce and slice them)."""
+    step, meta = partir.jit(fn, MESH, schedule, scatter_sums=True)
     got = step(*args)
     want = jax.jit(fn)(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):

@@ -114,7 +114,7 @@ class PendingSums:
         for i in which:
             v = op.operands[i]
             wanted = sorted((a, e.operands[i]) for a, e in nest if e.operands[i] is not None)
-            if sorted(self.state.tiles_of(v)) != wanted:
+            if self._produced_tiles(v) != wanted:
                 return ()
             sums.add(assume[v] if v in assume else self.of(v))
         if len(sums) != 1:
@@ -125,6 +125,16 @@ class PendingSums:
         if any(self.of(op.operands[i]) for i in range(len(op.operands)) if i not in which):
             return ()
         return partial
+
+    def _produced_tiles(self, v: Value) -> list[tuple[str, int]]:
+        """The tiling `v` has as its producer makes it (an op result's, from the op's loop
+        nest; it may differ from the value's declared tiling, which a conversion reaches)."""
+        op = v.producer
+        if op is None or op.name in ("stablehlo.while", "stablehlo.case"):
+            return sorted(self.state.tiles_of(v))
+        j = op.results.index(v)
+        return sorted((a, e.results[j]) for a, e in self.state.nest_of(op)
+                      if not isinstance(e.results[j], Sum))
 
     def _accumulated(self, loop: Op, k: int) -> Partial:
         body = loop.regions[1].blocks[0]
@@ -139,6 +149,7 @@ class PendingSums:
         if readers != [update] or linear.count(arg) != 1 or (
                 update.name == "stablehlo.dynamic_update_slice" and linear[0] is not arg):
             return ()
+        tiled = {a for a, _ in self.state.tiles_of(arg)}
         # The accumulator carries what is added to it: decide with that assumption, letting
         # shape ops on the way forward the sum; if it holds, they join the chain.
         added = [v for v in linear if v is not arg]
@@ -148,6 +159,9 @@ class PendingSums:
             if not partial or any(self._predict(v) != partial for v in added):
                 return ()
             partial = self.forwarded(update, assume={arg: partial})
+            # A value cannot be both tiled over an axis and a sum over it (its tiles differ).
+            if any(a in tiled for a, _ in partial):
+                partial = ()
         finally:
             self._tentative = tentative
             if not tentative:

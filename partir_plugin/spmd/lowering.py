@@ -268,6 +268,7 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool
     if src == dst or not x.type.is_tensor:
         return x
     if dst.partial:
+        assert not dst.axes() & {a for a, _ in dst.partial}, dst  # tiled and summed: no value
         x = convert(em, x, src, Layout(dst.dims), scatter_sums)
         return em.keep_on_first(x, tuple(a for a, _ in dst.partial))
     rank = len(src.dims)
