@@ -125,7 +125,9 @@ def apply_op(spec: tuple, get):
         return partir.roll(get(x), shift, dim)
     if op == "scan":  # a layer loop: x [..., D] through L layers of a stacked w [L, D, D]
         _, x, w = spec
-        return lax.scan(lambda h, wl: (jnp.tanh(h @ wl), None), get(x), get(w))[0]
+        # Scaled like a real layer, so its contraction's rounding stays at the output's scale.
+        scale = get(x).shape[-1] ** -0.5
+        return lax.scan(lambda h, wl: (jnp.tanh((h @ wl) * scale), None), get(x), get(w))[0]
     if op == "while":  # a loop carrying x, reading y from outside
         _, x, y = spec
         v, c = get(x), get(y)
