@@ -261,7 +261,7 @@ def recipes(draw) -> Recipe:
             else:
                 spec = ("reverse", x, dim)
             ops.append(spec)
-            shapes[("v", len(ops) - 1)] = tuple(out)
+            shapes[("v", len(ops) - 1)] = result_shape(spec, shapes)  # odd sizes too
             continue
         if kind == "unary":
             x = pick()
