@@ -17,11 +17,13 @@ from ..core.gather import lookup_dim, offset_dims
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
+from ..core.windows import HaloEntry
 from ..ir.attributes import i64_array, parse_i64_array
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .collectives import Collective, count_collectives, mark
+from .halo import extend_operands
 from .layout import Layout
 from .provenance import Conversion, mark_origin
 
@@ -552,6 +554,8 @@ class _Lowering:
         attrs = dict(op.attributes)
         _rewrite_attributes(op, attrs, operands, result_types)
         regions = [clone_region(r, env) for r in op.regions]
+        if any(isinstance(e, HaloEntry) for _, e in nest):
+            operands = extend_operands(self.em, op, nest, operands, attrs)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
