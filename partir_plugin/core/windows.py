@@ -174,5 +174,6 @@ def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
     for operands, results, halo in found:
         if (operands, results) in have:
             continue
-        out.append(HaloEntry(operands, results, math.gcd(halo.size, halo.out), halo))
+        tiled = halo.out if not halo.weight_gradient else halo.size // halo.window_dilation
+        out.append(HaloEntry(operands, results, math.gcd(halo.size, tiled), halo))
     return out
