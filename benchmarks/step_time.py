@@ -7,7 +7,8 @@ On 8 virtual CPU devices as the mesh {batch: 4, model: 2}, for the transformer
 (`partir_plugin/models/transformer.py`) and the MLP example (`partir_plugin/examples/mlp.py`), each
 with the schedules BP, BP+MP and BP+MP+Z3 (the presets), and for the mixture of experts
 (`partir_plugin/models/moe.py`) with BP+EP on {batch: 2, expert: 4} and BP+EP+MP on
-{batch: 2, expert: 2, model: 2}, it measures
+{batch: 2, expert: 2, model: 2}, and for the UNet (`partir_plugin/models/unet.py`) with BP+SP
+(height tiled, halo exchange) on {batch: 2, space: 4}, it measures
 
 - ours: `step, meta = partir_plugin.jit(train_step, mesh, schedule)`; partitioning + compile
   time of `step.lower(*args)` (and, within it, the time spent in `pipeline.trace` +
@@ -75,6 +76,7 @@ class Rules:
 
     mp: Callable[[str, tuple], int | None]
     ep: Callable[[str, tuple], int | None] | None = None
+    sp: dict | None = None  # spatial partitioning: the batch leaves' height dimensions
 
 
 def transformer_model():
@@ -147,13 +149,33 @@ def moe_model():
     return "moe", desc, build
 
 
+def unet_model():
+    """The UNet (`models/unet.py`) with its images' height tiled (SP): convolutions and
+    pooling exchange halo rows with their neighbours (collective_permute)."""
+    import jax
+
+    from partir_plugin.models import megatron, unet
+
+    config = dataclasses.replace(unet.Config.small(), batch=8, image_size=32, channels=32)
+    args = unet.init(config, jax.random.PRNGKey(0))
+
+    def build():
+        return (unet.make_train_step(config), args,
+                Rules(megatron.unet_rule, sp={"batch": {"images": 1, "noise": 1}}))
+
+    desc = (f"UNet {config.image_size}x{config.image_size}x{config.in_channels} images, "
+            f"levels {config.channel_mult} x {config.channels} channels, b{config.batch}")
+    return "unet", desc, build
+
+
 def schedule_for(name: str, rules: Rules) -> list:
     import partir_plugin as partir
 
     tactics = {"BP": lambda: partir.tactic("BP", axis="batch"),
                "MP": lambda: partir.tactic("MP", rule=rules.mp, axis="model"),
                "Z3": lambda: partir.tactic("Z3", axis="batch"),
-               "EP": lambda: partir.tactic("EP", rules.ep, axis="expert")}
+               "EP": lambda: partir.tactic("EP", rules.ep, axis="expert"),
+               "SP": lambda: partir.ManualPartition(rules.sp, axis="space", name="SP")}
     return [tactics[t]() for t in name.split("+")]
 
 
@@ -563,6 +585,7 @@ MODELS: dict[str, tuple[Callable, dict[str, tuple[tuple[str, int], ...]]]] = {
     "mlp": (mlp_model, dict.fromkeys(SCHEDULES, MESH)),
     "demo": (demo_model, {"BP+MP+Z3": MESH}),
     "moe": (moe_model, MOE_MESHES),
+    "unet": (unet_model, {"BP+SP": (("batch", 2), ("space", 4))}),
 }
 """Each model's builder and its schedules with their meshes, in the order the rows appear."""
 

@@ -115,3 +115,16 @@ def test_halo_entries_of_a_strided_step_verify_and_a_wrong_one_is_caught():
 def _conv_out(img, ker):
     return jax.lax.conv_general_dilated(img, ker, (2, 2), "SAME",
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def test_height_and_width_tiled_on_two_axes():
+    """H over 4 devices and W over 2: the second exchange carries the first's rows, so the
+    corner a 3x3 window reads comes along. Values and gradients equal jax.jit's."""
+    step = jax.value_and_grad(_conv_loss(3, 1), argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8, 4))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
+    schedule = [partir.ManualPartition({"img": 1}, axis="h"),
+                partir.ManualPartition({"img": 2}, axis="w")]
+    meta = _check_against_jax_jit(step, (img, ker), schedule, {"h": 4, "w": 2})
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 12, ours
