@@ -430,14 +430,17 @@ def section(cases: list[Case], models: dict[str, str], runs: int, reps: int,
         f"--compile-reps {reps}`, {total_s / 60:.1f} min in all).",
         "",
         "Setup: 8 virtual CPU devices as the mesh {batch: 4, model: 2}; the MoE's BP+EP on "
-        "{batch: 2, expert: 4} and BP+EP+MP on {batch: 2, expert: 2, model: 2} (jax "
+        "{batch: 2, expert: 4} and BP+EP+MP on {batch: 2, expert: 2, model: 2}; the UNet's "
+        "BP+SP on {batch: 2, space: 4} (jax "
         f"{jax.__version__}, {platform.machine()}, {os.cpu_count()} cores shared with other "
         "work). Models: " + "; ".join(f"{m}: {d}" for m, d in models.items()) + ". Each a "
         "train step (forward, backward, Adam). Schedules from the presets: BP = "
         '`tactic("BP", axis="batch")`, MP = `tactic("MP", rule=..., axis="model")` '
         "(`megatron.transformer_rule` / `examples.mlp.megatron_rule` / `megatron.moe_rule`), "
         'Z3 = `tactic("Z3", axis="batch")`, EP = `tactic("EP", megatron.expert_rule, '
-        'axis="expert")`. Ours: `partir_plugin.jit(train_step, mesh, schedule)`, '
+        'axis="expert")`, SP = `ManualPartition({"batch": {"images": 1, "noise": 1}}, '
+        'axis="space")` (image height tiled; convolutions and pools exchange halo rows). '
+        'Ours: `partir_plugin.jit(train_step, mesh, schedule)`, '
         "a `jax.jit` of a fully manual `shard_map` around the device-local program (XLA's "
         "SPMD partitioner adds no collective). Peer: `jax.jit(train_step, "
         "in_shardings=meta.in_shardings, out_shardings=meta.out_shardings)` (the same "
