@@ -81,7 +81,8 @@ def test_halo_wider_than_a_tile_warns_and_gathers():
     step = jax.value_and_grad(_conv_loss(7, 1), argnums=(0, 1))
     img = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8, 4))
     ker = jax.random.normal(jax.random.PRNGKey(1), (7, 7, 4, 8))
-    with pytest.warns(HaloWarning, match=r"stablehlo.convolution at .*conv_general_dilated"):
+    where = r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+"
+    with pytest.warns(HaloWarning, match=where):
         meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
     assert meta.tactics[-1].collectives["all_gather"] > 0
 

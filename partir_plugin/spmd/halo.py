@@ -17,6 +17,7 @@ import warnings
 from ..core.windows import Halo, HaloEntry, HaloRows, format_padding, parse_padding
 from ..ir.attributes import i64_array
 from ..ir.graph import Op, Value
+from ..ir.locations import parse_location
 from ..ir.types import TensorType
 
 
@@ -49,7 +50,7 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
                 operands[i] = _exchange(em, operands[i], halo.dim, rows, axes, fill)
             else:
                 warnings.warn(
-                    f"{op.name} at {op.location or 'an unknown location'}: its window needs "
+                    f"{op.name} at {_where(op)}: its window needs "
                     f"{rows.left} rows before and {rows.right} after a tile of {rows.n} along "
                     f"dimension {halo.dim} (tiled {k} ways over {', '.join(axes)}), more than "
                     f"a neighbour holds; gathering that dimension instead of a halo exchange",
@@ -59,6 +60,16 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
     if pads:
         attrs["padding"] = format_padding(pads)
     return operands
+
+
+def _where(op: Op) -> str:
+    """The op's name stack and the user's line that wrote it, as far as they are known."""
+    where = op.location or "an unknown location"
+    if op.mlir_location is not None:
+        source = parse_location(op.mlir_location).source
+        if source is not None:
+            where += f" ({source})"
+    return where
 
 
 def _pad_value(em, op: Op, i: int, operands: list[Value]) -> Value:
