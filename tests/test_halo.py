@@ -129,3 +129,36 @@ def test_height_and_width_tiled_on_two_axes():
     meta = _check_against_jax_jit(step, (img, ker), schedule, {"h": 4, "w": 2})
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 12, ours
+
+
+def _conv(stride, padding, dilation=1):
+    return lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (stride, 1), padding, rhs_dilation=(dilation, 1),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+GEOMETRIES = {
+    # A 1x1 stride-2 shortcut reads one row fewer than it holds (a negative right halo).
+    "1x1-stride2": (_conv(2, "VALID"), (1, 1, 3, 2)),
+    "3x3-dilated2-same": (_conv(1, "SAME", 2), (3, 1, 3, 2)),
+    "4x4-stride2-asymmetric": (_conv(2, ((1, 2), (0, 0))), (4, 1, 3, 2)),
+    "avg-pool-2x2-stride2": (lambda x, w: jax.lax.reduce_window(
+        x, 0.0, jax.lax.add, (1, 2, 1, 1), (1, 2, 1, 1), "VALID") + w.sum(), (1,)),
+    "max-pool-base-dilated": (lambda x, w: jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1, 3, 1, 1), (1, 1, 1, 1), ((0, 0), (1, 2), (0, 0), (0, 0)),
+        base_dilation=(1, 2, 1, 1)) + w.sum(), (1,)),
+}
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_halo_geometries_verify_with_their_gradients(name):
+    """Stride with a negative halo, window dilation, asymmetric padding, a pool whose windows
+    do not overlap, base dilation: every halo entry of the op and of its gradient is true on
+    2 and 4 devices."""
+    fn, ker_shape = GEOMETRIES[name]
+    x, w = jnp.ones((2, 16, 4, 3)), jnp.ones(ker_shape)
+    step = jax.grad(lambda x, w: (fn(x, w) ** 2).sum(), argnums=(0, 1))
+    ops = list(walk(import_lowered(jax.jit(step).lower(x, w)).ops))
+    report = verify_registry(ops, default_registry(), parts=(2, 4))
+    halos = [v for v in report.verdicts if isinstance(v.entry, HaloEntry)]
+    assert halos and not report.wrong, str(report)
