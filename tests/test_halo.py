@@ -162,3 +162,21 @@ def test_halo_geometries_verify_with_their_gradients(name):
     report = verify_registry(ops, default_registry(), parts=(2, 4))
     halos = [v for v in report.verdicts if isinstance(v.entry, HaloEntry)]
     assert halos and not report.wrong, str(report)
+
+
+def test_valid_convolution_without_translation_invariance_warns_and_gathers():
+    """A VALID 3x3 convolution maps 32 rows to 30: output tiles do not map to input tiles, so
+    there is no halo entry. The image arrives tiled on H and is gathered, with a warning
+    naming the op, the user's line and the reason; the numbers stay right."""
+    def loss(img, ker):
+        y = jax.lax.conv_general_dilated(img, ker, (1, 1), "VALID",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return (y ** 2).sum()
+
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
+    where = r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*VALID"
+    with pytest.warns(HaloWarning, match=where):
+        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    assert meta.tactics[-1].collectives["all_gather"] > 0

@@ -160,6 +160,42 @@ def _reduce_window_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int
     return found
 
 
+WINDOWED_OPS = frozenset({"stablehlo.convolution", "stablehlo.reduce_window"})
+
+
+def windowed_dims(op: Op) -> dict[int, list[int]]:
+    """Per windowed input (a convolution's image, a reduce_window's inputs), the dimensions a
+    window slides along: tiling one of them needs a halo entry or a gather."""
+    if op.name == "stablehlo.convolution":
+        m = re.search(r"\[([^\]]*)\]x", op.attributes.get("dimension_numbers", ""))
+        if not m:
+            return {}
+        lhs = [x.strip() for x in m.group(1).split(",")]
+        return {0: [d for d, c in enumerate(lhs) if c.isdigit()]}
+    if op.name == "stablehlo.reduce_window":
+        rank = op.operands[0].type.rank
+        window, strides, base = (_ints(op, k, rank) for k in
+                                 ("window_dimensions", "window_strides", "base_dilations"))
+        pads = parse_padding(op.attributes.get("padding", ""), rank)
+        dims = [d for d in range(rank)
+                if (window[d], strides[d], base[d], pads[d]) != (1, 1, 1, [0, 0])]
+        return dict.fromkeys(range(len(op.operands) // 2), dims)
+    return {}
+
+
+def no_halo_reason(op: Op, dim: int) -> str:
+    """Why input dimension `dim` of a windowed op has no usable halo entry, for messages."""
+    if op.name == "stablehlo.convolution" and "true" in op.attributes.get("window_reversal", ""):
+        return "its window is reversed"
+    found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)
+    halo = next((h for _, _, h in found if h.dim == dim), None)
+    if halo is None:
+        return ("its output extent is not the input's times the lhs dilation over the stride "
+                "(e.g. a VALID window), so tiles of the output do not map to tiles of the input")
+    return (f"the tiles do not divide both its extents ({halo.size} and "
+            f"{halo.out if not halo.weight_gradient else halo.size // halo.window_dilation})")
+
+
 def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
     """Halo entries of a convolution or reduce_window, for the spatial tilings `existing`
     (Shardy's entries) lacks. The factor size makes k divide both the tiled extents."""

@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import warnings
 
-from ..core.windows import Halo, HaloEntry, HaloRows, format_padding, parse_padding
+from ..core.windows import (
+    Halo,
+    HaloEntry,
+    HaloRows,
+    format_padding,
+    no_halo_reason,
+    parse_padding,
+    windowed_dims,
+)
 from ..ir.attributes import i64_array
 from ..ir.graph import Op, Value
 from ..ir.locations import parse_location
 from ..ir.types import TensorType
+from .layout import Layout
 
 
 class HaloWarning(UserWarning):
@@ -34,9 +43,15 @@ def halo_axes(nest) -> list[tuple[Halo, tuple[str, ...]]]:
     return [(h, tuple(axes)) for h, axes in found.items()]
 
 
-def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, str]
-                    ) -> list[Value]:
-    """The op's local operands with their halos, and `attrs["padding"]` made local."""
+def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, str],
+                    have: list[Layout], wanted: list[Layout]) -> list[Value]:
+    """The op's local operands with their halos, and `attrs["padding"]` made local. `have`
+    and `wanted` are the inputs' layouts as produced and as the op's nest slices them: a
+    window dimension that arrives tiled and is not sliced is being gathered, which is
+    reported (a HaloWarning) with the reason no halo entry applied."""
+    _warn_gathered(op, have, wanted)
+    if not any(isinstance(e, HaloEntry) for _, e in nest):
+        return operands
     operands = list(operands)
     pad_rows = (op.operands[0].type.rank if op.name == "stablehlo.reduce_window"
                 else op.operands[0].type.rank - 2)
@@ -60,6 +75,18 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
     if pads:
         attrs["padding"] = format_padding(pads)
     return operands
+
+
+def _warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:
+    for i, dims in windowed_dims(op).items():
+        for d in dims:
+            gathered = [a for a in have[i].dims[d] if a not in wanted[i].dims[d]]
+            if gathered:
+                warnings.warn(
+                    f"{op.name} at {_where(op)}: dimension {d} of operand {i} arrives tiled "
+                    f"over {', '.join(gathered)} but has no halo exchange: "
+                    f"{no_halo_reason(op, d)}; gathering it",
+                    HaloWarning, stacklevel=3)
 
 
 def _where(op: Op) -> str:

@@ -17,7 +17,7 @@ from ..core.gather import lookup_dim, offset_dims
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
-from ..core.windows import HaloEntry
+from ..core.windows import WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.printer import print_func
@@ -554,8 +554,9 @@ class _Lowering:
         attrs = dict(op.attributes)
         _rewrite_attributes(op, attrs, operands, result_types)
         regions = [clone_region(r, env) for r in op.regions]
-        if any(isinstance(e, HaloEntry) for _, e in nest):
-            operands = extend_operands(self.em, op, nest, operands, attrs)
+        if op.name in WINDOWED_OPS:
+            operands = extend_operands(self.em, op, nest, operands, attrs,
+                                       [self.local[v][1] for v in op.inputs], wanted)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
