@@ -8,7 +8,8 @@ On 8 virtual CPU devices as the mesh {batch: 4, model: 2}, for the transformer
 plain-JAX decoder (`benchmarks/decoder_lm.py`), each with the schedules BP, BP+MP, BP+Z3 and
 BP+MP+Z3 (the presets), and for the mixture of experts
 (`partir_plugin/models/moe.py`) with BP+EP on {batch: 2, expert: 4} and BP+EP+MP on
-{batch: 2, expert: 2, model: 2}, it measures
+{batch: 2, expert: 2, model: 2}, and for the UNet (`partir_plugin/models/unet.py`) with BP+SP
+(height tiled, halo exchange) on {batch: 2, space: 4}, it measures
 
 - ours: `step, meta = partir_plugin.jit(train_step, mesh, schedule)`; partitioning + compile
   time of `step.lower(*args)` (and, within it, the time spent in `pipeline.trace` +
@@ -76,6 +77,7 @@ class Rules:
 
     mp: Callable[[str, tuple], int | None]
     ep: Callable[[str, tuple], int | None] | None = None
+    sp: dict | None = None  # spatial partitioning: the batch leaves' height dimensions
 
 
 def transformer_model():
@@ -168,13 +170,33 @@ def decoder_model():
     return "decoder", desc, build
 
 
+def unet_model():
+    """The UNet (`models/unet.py`) with its images' height tiled (SP): convolutions and
+    pooling exchange halo rows with their neighbours (collective_permute)."""
+    import jax
+
+    from partir_plugin.models import megatron, unet
+
+    config = dataclasses.replace(unet.Config.small(), batch=8, image_size=32, channels=32)
+    args = unet.init(config, jax.random.PRNGKey(0))
+
+    def build():
+        return (unet.make_train_step(config), args,
+                Rules(megatron.unet_rule, sp={"batch": {"images": 1, "noise": 1}}))
+
+    desc = (f"UNet {config.image_size}x{config.image_size}x{config.in_channels} images, "
+            f"levels {config.channel_mult} x {config.channels} channels, b{config.batch}")
+    return "unet", desc, build
+
+
 def schedule_for(name: str, rules: Rules) -> list:
     import partir_plugin as partir
 
     tactics = {"BP": lambda: partir.tactic("BP", axis="batch"),
                "MP": lambda: partir.tactic("MP", rule=rules.mp, axis="model"),
                "Z3": lambda: partir.tactic("Z3", axis="batch"),
-               "EP": lambda: partir.tactic("EP", rules.ep, axis="expert")}
+               "EP": lambda: partir.tactic("EP", rules.ep, axis="expert"),
+               "SP": lambda: partir.ManualPartition(rules.sp, axis="space", name="SP")}
     return [tactics[t]() for t in name.split("+")]
 
 
@@ -429,14 +451,17 @@ def section(cases: list[Case], models: dict[str, str], runs: int, reps: int,
         f"--compile-reps {reps}`, {total_s / 60:.1f} min in all).",
         "",
         "Setup: 8 virtual CPU devices as the mesh {batch: 4, model: 2}; the MoE's BP+EP on "
-        "{batch: 2, expert: 4} and BP+EP+MP on {batch: 2, expert: 2, model: 2} (jax "
+        "{batch: 2, expert: 4} and BP+EP+MP on {batch: 2, expert: 2, model: 2}; the UNet's "
+        "BP+SP on {batch: 2, space: 4} (jax "
         f"{jax.__version__}, {platform.machine()}, {os.cpu_count()} cores shared with other "
         "work). Models: " + "; ".join(f"{m}: {d}" for m, d in models.items()) + ". Each a "
         "train step (forward, backward, Adam). Schedules from the presets: BP = "
         '`tactic("BP", axis="batch")`, MP = `tactic("MP", rule=..., axis="model")` '
         "(`megatron.transformer_rule` / `examples.mlp.megatron_rule` / `megatron.moe_rule`), "
         'Z3 = `tactic("Z3", axis="batch")`, EP = `tactic("EP", megatron.expert_rule, '
-        'axis="expert")`. Ours: `partir_plugin.jit(train_step, mesh, schedule)`, '
+        'axis="expert")`, SP = `ManualPartition({"batch": {"images": 1, "noise": 1}}, '
+        'axis="space")` (image height tiled; convolutions and pools exchange halo rows). '
+        'Ours: `partir_plugin.jit(train_step, mesh, schedule)`, '
         "a `jax.jit` of a fully manual `shard_map` around the device-local program (XLA's "
         "SPMD partitioner adds no collective). Peer: `jax.jit(train_step, "
         "in_shardings=meta.in_shardings, out_shardings=meta.out_shardings)` (the same "
@@ -585,6 +610,7 @@ MODELS: dict[str, tuple[Callable, dict[str, tuple[tuple[str, int], ...]]]] = {
     "decoder": (decoder_model, dict.fromkeys(SCHEDULES, MESH)),
     "demo": (demo_model, {"BP+MP+Z3": MESH}),
     "moe": (moe_model, MOE_MESHES),
+    "unet": (unet_model, {"BP+SP": (("batch", 2), ("space", 4))}),
 }
 """Each model's builder and its schedules with their meshes, in the order the rows appear."""
 

@@ -27,6 +27,7 @@ import numpy as np
 from .core.mesh import Mesh
 from .core.state import PartitionState
 from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
+from .core.windows import HaloEntry
 from .ir.graph import Block, Func, Op, Value, walk
 from .ir.types import TensorType, numpy_dtype_of
 from .spmd.collectives import count_collectives
@@ -92,7 +93,9 @@ def verify_op(op: Op, entries: Sequence[TMREntry], parts: int = 2, *, seed: int 
 
     Raises `NotProbeable` for ops that cannot run alone."""
     usable = [e for e in entries if _splits(op, e, parts)]
-    return _run([_Probe(op, usable, parts, seed)]) if usable else []
+    halos = [_verify_halo(op, e, parts, seed) for e in usable if isinstance(e, HaloEntry)]
+    usable = [e for e in usable if not isinstance(e, HaloEntry)]
+    return (_run([_Probe(op, usable, parts, seed)]) if usable else []) + halos
 
 
 def verify_entry(op: Op, entry: TMREntry, parts: int = 2) -> EntryVerdict:
@@ -121,6 +124,9 @@ def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Seq
         seen.add(key)
         for p in parts:
             usable = [e for e in entries if _splits(op, e, p)]
+            report.verdicts += [_verify_halo(op, e, p, len(seen)) for e in usable
+                                if isinstance(e, HaloEntry)]
+            usable = [e for e in usable if not isinstance(e, HaloEntry)]
             if not usable:
                 continue
             try:
@@ -209,17 +215,7 @@ class _Probe:
                 raise NotProbeable(str(e)) from None
         self.op, self.entries, self.parts = op, entries, parts
         self.mesh = Mesh(tuple((f"e{i}", parts) for i in range(len(entries))))
-        body = Block()
-        self.arg_sources: list[Value] = []  # the original value behind each probe argument
-        env: dict[Value, Value] = {}
-        for v in op.inputs:
-            if v in env:
-                continue
-            if _kept(v):
-                env[v] = _clone_chain(v, body, env)
-            else:
-                env[v] = body.add_arg(v.type)
-                self.arg_sources.append(v)
+        body, env, self.arg_sources = _probe_inputs(op)
         copies = [self._copy(body, env) for _ in range(1 + len(entries))]
         returns = [r for c in copies for r in c.results]
         func = Func("probe", body, returns)
@@ -233,19 +229,65 @@ class _Probe:
         self.inputs = _random_inputs(op, self.arg_sources, seed)
 
     def _copy(self, body: Block, env: dict[Value, Value]) -> Op:
-        op = self.op
-        inner = dict(env)
-        regions = [clone_region(r, inner) for r in op.regions]
-        new = Op(op.name, [env[v] for v in op.operands], [r.type for r in op.results],
-                 dict(op.attributes), regions)
-        new.rule, new.captures = op.rule, [env[v] for v in op.captures]
-        body.ops.append(new)
-        return new
+        return _copy_op(self.op, body, env)
 
     def device_of_tile(self, t: int) -> int:
         """The device whose coordinate is `t` on every axis: it runs tile t of every entry."""
         return sum(t * self.mesh.stride(a) for a in self.mesh.names)
 
+
+
+def _probe_inputs(op: Op) -> tuple[Block, dict[Value, Value], list[Value]]:
+    """A probe body with an argument per input of `op` (constants kept), the map from op
+    inputs to probe values, and the original value behind each argument."""
+    body, env, sources = Block(), {}, []
+    for v in op.inputs:
+        if v in env:
+            continue
+        if _kept(v):
+            env[v] = _clone_chain(v, body, env)
+        else:
+            env[v] = body.add_arg(v.type)
+            sources.append(v)
+    return body, env, sources
+
+
+def _copy_op(op: Op, body: Block, env: dict[Value, Value]) -> Op:
+    inner = dict(env)
+    regions = [clone_region(r, inner) for r in op.regions]
+    new = Op(op.name, [env[v] for v in op.operands], [r.type for r in op.results],
+             dict(op.attributes), regions)
+    new.rule, new.captures = op.rule, [env[v] for v in op.captures]
+    body.ops.append(new)
+    return new
+
+
+def _verify_halo(op: Op, entry: HaloEntry, parts: int, seed: int) -> EntryVerdict:
+    """A halo entry's tiles read their neighbours' rows (collective_permute), which the
+    temporal probe, one tile at a time on one device, cannot run: its tiles run side by side
+    on `parts` devices, lowered as a partitioned program is (partial sums reduced), and the
+    assembled results are compared with the op run whole."""
+    import jax
+
+    from .runtime.executable import DeviceLocalFunction, jax_mesh_for
+
+    body, env, sources = _probe_inputs(op)
+    copy = _copy_op(op, body, env)
+    func = Func("probe", body, list(copy.results))
+    mesh = Mesh((("e0", parts),))
+    state = PartitionState(func, mesh, TileMappingRegistry())
+    state.add_loop(copy, "e0", entry)
+    program = lower_to_spmd(state)
+    avals = [jax.core.ShapedArray(r.type.shape, numpy_dtype_of(r.type.element))
+             for r in op.results]
+    tiled = DeviceLocalFunction("tmr_halo_probe", program.text(), jax_mesh_for({"e0": parts}),
+                                program.in_layouts, program.out_layouts, avals)
+    inputs = _random_inputs(op, sources, seed)
+    got = [np.asarray(x) for x in jax.jit(tiled)(*inputs)]
+    whole = [np.asarray(x) for x in _compile([func])(*inputs)]
+    detail = next((d for j, (g, w) in enumerate(zip(got, whole))
+                   if (d := _difference(j, g, w))), None)
+    return EntryVerdict(op.name, entry, parts, detail is None, detail or "", op.location)
 
 
 def _compile(funcs: list[Func]) -> Callable:
@@ -334,12 +376,19 @@ def _compare(entry: TMREntry, whole: list[np.ndarray], tiles: list[list[np.ndarr
             combined = functools.reduce(_COMBINE[action.reduction], parts)
         else:
             combined = np.concatenate(parts, axis=action)
-        if combined.shape != whole[j].shape:
-            return f"result {j}: tiles make shape {combined.shape}, the op {whole[j].shape}"
-        if not _close(combined, whole[j]):
-            diff = np.abs(combined.astype(np.float64) - whole[j].astype(np.float64))
-            return (f"result {j}: largest difference {np.nanmax(diff):.4g} where the largest "
-                    f"value is {np.nanmax(np.abs(whole[j].astype(np.float64))):.4g}")
+        detail = _difference(j, combined, whole[j])
+        if detail:
+            return detail
+    return None
+
+
+def _difference(j: int, got: np.ndarray, want: np.ndarray) -> str | None:
+    if got.shape != want.shape:
+        return f"result {j}: tiles make shape {got.shape}, the op {want.shape}"
+    if not _close(got, want):
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        return (f"result {j}: largest difference {np.nanmax(diff):.4g} where the largest "
+                f"value is {np.nanmax(np.abs(want.astype(np.float64))):.4g}")
     return None
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..ir.attributes import parse_array
 from ..ir.graph import Op
 from .tmr import Sum, TMREntry
+from .windows import halo_entries
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
 _RULE = re.compile(r"#sdy\.op_sharding_rule<\((?P<ins>.*?)\)->\((?P<outs>.*?)\)(?P<rest>.*)>$")
@@ -218,6 +219,8 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         halos = _window_reduction_halos(op)
         entries = [e for e in entries
                    if not (e.operands[0] in halos and any(isinstance(r, Sum) for r in e.results))]
+    if op.name in ("stablehlo.convolution", "stablehlo.reduce_window"):
+        entries = [*entries, *halo_entries(op, list(entries))]
     return list(entries)
 
 

@@ -17,6 +17,7 @@ from ..core.gather import lookup_dim, offset_dims
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
+from ..core.windows import WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.importer import ROLL_OP
@@ -24,6 +25,7 @@ from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .accumulation import PendingSums, linear_operands
 from .collectives import Collective, count_collectives, mark
+from .halo import extend_operands
 from .layout import Layout
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
@@ -579,6 +581,9 @@ class _Lowering:
         attrs = dict(op.attributes)
         _rewrite_attributes(op, attrs, operands, result_types)
         regions = [clone_region(r, env) for r in op.regions]
+        if op.name in WINDOWED_OPS:
+            operands = extend_operands(self.em, op, nest, operands, attrs,
+                                       [self.local[v][1] for v in op.inputs], wanted)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:

@@ -1,0 +1,215 @@
+"""Halo entries: tiling a spatial dimension of a windowed op (convolution, reduce_window).
+
+Shardy marks a window's spatial factor as a permutation (a halo swap), which gives no TMR
+entry, so such a tiling used to stop propagation and gather. A `HaloEntry` tiles it anyway:
+output-driven, device j of k computes output rows `[j·m, (j+1)·m)` and reads input rows
+`[j·n - left, (j+1)·n + right)`, the tile it holds plus halos its neighbours send
+(`spmd/halo.py`). That is a plain tiling of the op (paper 1 §5.2.1) as long as the window moves
+by a whole number of tiles per tile of output: `m·stride == n·lhs_dilation`. The weight-gradient
+convolution (image x output gradient -> kernel) is the same with the roles swapped: the output
+gradient is the window, tiled plainly, each device reads its image rows plus halos, and the
+kernel is a partial `Sum`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..ir.attributes import parse_i64_array
+from ..ir.graph import Op
+from .tmr import Sum, TMREntry
+
+
+@dataclass(frozen=True)
+class HaloRows:
+    """What a device with a tile of `n` rows needs for one tiling into k tiles: `left` rows
+    before its tile and `right` after it (negative: rows of its tile it does not read), and
+    the op's local padding `(lo, hi)` on the extended operand."""
+
+    n: int
+    left: int
+    right: int
+    lo: int
+    hi: int
+
+    @property
+    def one_hop(self) -> bool:
+        """The halos come from the direct neighbours (a collective_permute each way)."""
+        return -self.n <= self.left <= self.n and -self.n <= self.right <= self.n
+
+
+@dataclass(frozen=True)
+class Halo:
+    """The window geometry of one spatial dimension, in the op's own terms.
+
+    `operands` are the op inputs extended with halos along `dim`; `pad_row` is the row of the
+    op's `padding` attribute for that dimension. `size` is their extent, `out` the extent that
+    is tiled plainly (the output's, or for a weight gradient the window's), `window` the
+    dilated window extent. `weight_gradient`: the window operand is the tiled one and the
+    output a partial sum.
+    """
+
+    operands: tuple[int, ...]
+    dim: int
+    pad_row: int
+    size: int
+    out: int
+    stride: int
+    lhs_dilation: int
+    window: int
+    window_dilation: int
+    lo: int
+    weight_gradient: bool = False
+
+    def rows(self, k: int) -> HaloRows:
+        n = self.size // k
+        if self.weight_gradient:
+            # Tap t of this device's window (global tap j·m + t) reads image row
+            # o·stride + (j·m + t)·window_dilation - lo for output o < out.
+            right = (self.out - 1) * self.stride + 1 - self.window_dilation - self.lo
+            return HaloRows(n, self.lo, right, 0, 0)
+        m, s, dl = self.out // k, self.stride, self.lhs_dilation
+        # Relative to j·n·dl in dilated input coordinates, this device's windows read
+        # [-lo, end); the rows inside are the multiples of dl.
+        end = m * s - s - self.lo + self.window
+        left = self.lo // dl
+        right = -(-end // dl) - n
+        return HaloRows(n, left, right, self.lo - left * dl, end - (n + right - 1) * dl - 1)
+
+
+@dataclass(frozen=True)
+class HaloEntry(TMREntry):
+    """A TMR entry whose tiles read their neighbours' rows: `halo` says which and how."""
+
+    halo: Halo | None = None
+
+    def __str__(self) -> str:
+        return f"{super().__str__()} halo<{self.halo.dim}>"
+
+
+def parse_padding(text: str, rows: int) -> list[list[int]]:
+    """A `dense<[[lo, hi], ...]>` (or splat `dense<p>`) padding attribute as `rows` pairs."""
+    if not text:
+        return [[0, 0] for _ in range(rows)]
+    values = [int(x) for x in re.findall(r"-?\d+", text.split(":")[0])]
+    if len(values) == 1:
+        return [[values[0], values[0]] for _ in range(rows)]
+    return [values[2 * i: 2 * i + 2] for i in range(rows)]
+
+
+def format_padding(pads: list[list[int]]) -> str:
+    body = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+    return f"dense<[{body}]> : tensor<{len(pads)}x2xi64>"
+
+
+def _ints(op: Op, key: str, rank: int) -> list[int]:
+    return parse_i64_array(op.attributes.get(key, "")) or [1] * rank
+
+
+def _conv_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int | Sum, ...], Halo]]:
+    m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]",
+                  op.attributes.get("dimension_numbers", ""))
+    if not m or op.attributes.get("window_reversal", "").count("true"):
+        return []
+    lhs, rhs, out = ([x.strip() for x in g.split(",")] for g in m.groups())
+    spatial = [c for c in lhs if c.isdigit()]
+    rank = len(spatial)
+    strides, lhs_dil, rhs_dil = (_ints(op, k, rank) for k in
+                                 ("window_strides", "lhs_dilation", "rhs_dilation"))
+    pads = parse_padding(op.attributes.get("padding", ""), rank)
+    lhs_shape, rhs_shape = op.operands[0].type.shape, op.operands[1].type.shape
+    out_shape = op.results[0].type.shape
+    found = []
+    for s, c in enumerate(spatial):
+        ld, rd, od = lhs.index(c), rhs.index(c), out.index(c)
+        size, window, result = lhs_shape[ld], rhs_shape[rd], out_shape[od]
+        effective = (window - 1) * rhs_dil[s] + 1
+        if result * strides[s] == size * lhs_dil[s] and result > 1:
+            found.append(((ld, None), (od,), Halo((0,), ld, s, size, result, strides[s],
+                                                  lhs_dil[s], effective, rhs_dil[s],
+                                                  pads[s][0])))
+        elif lhs_dil[s] == 1 and size == window * rhs_dil[s] and window > 1:
+            # Weight gradient: the output gradient is the window, dilated by the stride.
+            found.append(((ld, rd), (Sum("add"),),
+                          Halo((0,), ld, s, size, result, strides[s], 1, effective,
+                               rhs_dil[s], pads[s][0], weight_gradient=True)))
+    return found
+
+
+def _reduce_window_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int | Sum, ...],
+                                               Halo]]:
+    inputs = len(op.operands) // 2
+    rank = op.operands[0].type.rank
+    window, strides, base, dil = (_ints(op, k, rank) for k in
+                                  ("window_dimensions", "window_strides", "base_dilations",
+                                   "window_dilations"))
+    pads = parse_padding(op.attributes.get("padding", ""), rank)
+    size_in, size_out = op.operands[0].type.shape, op.results[0].type.shape
+    found = []
+    for d in range(rank):
+        if window[d] == 1 and strides[d] == 1 and base[d] == 1 and pads[d] == [0, 0]:
+            continue  # a plain elementwise dimension: Shardy's pass-through entry
+        if size_out[d] * strides[d] != size_in[d] * base[d] or size_out[d] <= 1:
+            continue
+        operands = tuple(d if i < inputs else None for i in range(len(op.operands)))
+        found.append((operands, tuple(d for _ in op.results),
+                      Halo(tuple(range(inputs)), d, d, size_in[d], size_out[d], strides[d],
+                           base[d], (window[d] - 1) * dil[d] + 1, dil[d], pads[d][0])))
+    return found
+
+
+WINDOWED_OPS = frozenset({"stablehlo.convolution", "stablehlo.reduce_window"})
+
+
+def windowed_dims(op: Op) -> dict[int, list[int]]:
+    """Per windowed input (a convolution's image, a reduce_window's inputs), the dimensions a
+    window slides along: tiling one of them needs a halo entry or a gather."""
+    if op.name == "stablehlo.convolution":
+        m = re.search(r"\[([^\]]*)\]x", op.attributes.get("dimension_numbers", ""))
+        if not m:
+            return {}
+        lhs = [x.strip() for x in m.group(1).split(",")]
+        return {0: [d for d, c in enumerate(lhs) if c.isdigit()]}
+    if op.name == "stablehlo.reduce_window":
+        rank = op.operands[0].type.rank
+        window, strides, base = (_ints(op, k, rank) for k in
+                                 ("window_dimensions", "window_strides", "base_dilations"))
+        pads = parse_padding(op.attributes.get("padding", ""), rank)
+        dims = [d for d in range(rank)
+                if (window[d], strides[d], base[d], pads[d]) != (1, 1, 1, [0, 0])]
+        return dict.fromkeys(range(len(op.operands) // 2), dims)
+    return {}
+
+
+def no_halo_reason(op: Op, dim: int) -> str:
+    """Why input dimension `dim` of a windowed op has no usable halo entry, for messages."""
+    if op.name == "stablehlo.convolution" and "true" in op.attributes.get("window_reversal", ""):
+        return "its window is reversed"
+    found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)
+    halo = next((h for _, _, h in found if h.dim == dim), None)
+    if halo is None:
+        return ("its output extent is not the input's times the lhs dilation over the stride "
+                "(e.g. a VALID window), so tiles of the output do not map to tiles of the input")
+    return (f"the tiles do not divide both its extents ({halo.size} and "
+            f"{halo.out if not halo.weight_gradient else halo.size // halo.window_dilation})")
+
+
+def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
+    """Halo entries of a convolution or reduce_window, for the spatial tilings `existing`
+    (Shardy's entries) lacks. The factor size makes k divide both the tiled extents."""
+    if op.name == "stablehlo.convolution":
+        found = _conv_halos(op)
+    elif op.name == "stablehlo.reduce_window":
+        found = _reduce_window_halos(op)
+    else:
+        return []
+    have = {(e.operands, e.results) for e in existing}
+    out = []
+    for operands, results, halo in found:
+        if (operands, results) in have:
+            continue
+        tiled = halo.out if not halo.weight_gradient else halo.size // halo.window_dilation
+        out.append(HaloEntry(operands, results, math.gcd(halo.size, tiled), halo))
+    return out

@@ -1,0 +1,174 @@
+"""Halo exchange: the lowering of a `HaloEntry` (core/windows.py).
+
+Device j of k along the tiling axes holds rows `[j·n, (j+1)·n)` of a windowed op's input and
+computes its own output rows. Before the op it builds the extended operand
+`[j·n - left, (j+1)·n + right)`: its tile, the last `left` rows of device j-1 and the first
+`right` rows of device j+1, each received by one collective_permute. Rows beyond the global
+ends are the op's padding value (0 for a convolution, the init value for reduce_window, so a
+max-pool over negative inputs never sees a zero); the op then runs with local padding that makes
+it compute exactly this device's rows. A halo wider than a tile (a big window over small tiles)
+is not a neighbour's: that dimension is gathered, padded and sliced instead, with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..core.windows import (
+    Halo,
+    HaloEntry,
+    HaloRows,
+    format_padding,
+    no_halo_reason,
+    parse_padding,
+    windowed_dims,
+)
+from ..ir.attributes import i64_array
+from ..ir.graph import Op, Value
+from ..ir.locations import parse_location
+from ..ir.types import TensorType
+from .layout import Layout
+
+
+class HaloWarning(UserWarning):
+    """A spatial tiling whose halo exchange falls back to gathering the dimension."""
+
+
+def halo_axes(nest) -> list[tuple[Halo, tuple[str, ...]]]:
+    """The halos of an op's loop nest, each with the mesh axes tiling it (major first)."""
+    found: dict[Halo, list[str]] = {}
+    for axis, entry in nest:
+        if isinstance(entry, HaloEntry):
+            found.setdefault(entry.halo, []).append(axis)
+    return [(h, tuple(axes)) for h, axes in found.items()]
+
+
+def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, str],
+                    have: list[Layout], wanted: list[Layout]) -> list[Value]:
+    """The op's local operands with their halos, and `attrs["padding"]` made local. `have`
+    and `wanted` are the inputs' layouts as produced and as the op's nest slices them: a
+    window dimension that arrives tiled and is not sliced is being gathered, which is
+    reported (a HaloWarning) with the reason no halo entry applied."""
+    _warn_gathered(op, have, wanted)
+    if not any(isinstance(e, HaloEntry) for _, e in nest):
+        return operands
+    operands = list(operands)
+    pad_rows = (op.operands[0].type.rank if op.name == "stablehlo.reduce_window"
+                else op.operands[0].type.rank - 2)
+    pads = parse_padding(attrs.get("padding", ""), pad_rows)
+    for halo, axes in halo_axes(nest):
+        k = em.mesh.product(axes)
+        rows = halo.rows(k)
+        for i in halo.operands:
+            fill = _pad_value(em, op, i, operands)
+            if rows.one_hop:
+                operands[i] = _exchange(em, operands[i], halo.dim, rows, axes, fill)
+            else:
+                warnings.warn(
+                    f"{op.name} at {_where(op)}: its window needs "
+                    f"{rows.left} rows before and {rows.right} after a tile of {rows.n} along "
+                    f"dimension {halo.dim} (tiled {k} ways over {', '.join(axes)}), more than "
+                    f"a neighbour holds; gathering that dimension instead of a halo exchange",
+                    HaloWarning, stacklevel=2)
+                operands[i] = _gathered_window(em, operands[i], halo.dim, rows, axes, fill)
+        pads[halo.pad_row] = [rows.lo, rows.hi]
+    if pads:
+        attrs["padding"] = format_padding(pads)
+    return operands
+
+
+def _warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:
+    for i, dims in windowed_dims(op).items():
+        for d in dims:
+            gathered = [a for a in have[i].dims[d] if a not in wanted[i].dims[d]]
+            if gathered:
+                warnings.warn(
+                    f"{op.name} at {_where(op)}: dimension {d} of operand {i} arrives tiled "
+                    f"over {', '.join(gathered)} but has no halo exchange: "
+                    f"{no_halo_reason(op, d)}; gathering it",
+                    HaloWarning, stacklevel=3)
+
+
+def _where(op: Op) -> str:
+    """The op's name stack and the user's line that wrote it, as far as they are known."""
+    where = op.location or "an unknown location"
+    if op.mlir_location is not None:
+        source = parse_location(op.mlir_location).source
+        if source is not None:
+            where += f" ({source})"
+    return where
+
+
+def _pad_value(em, op: Op, i: int, operands: list[Value]) -> Value:
+    """The scalar a windowed op pads operand i with: reduce_window's init value, else 0."""
+    if op.name == "stablehlo.reduce_window":
+        return operands[len(op.operands) // 2 + i]
+    return em.scalar(0, operands[i].type.element)
+
+
+def _slice(em, x: Value, dim: int, start: int, stop: int) -> Value:
+    shape = list(x.type.shape)
+    starts, limits = [0] * len(shape), list(shape)
+    starts[dim], limits[dim] = start, stop
+    shape[dim] = stop - start
+    return em.emit("stablehlo.slice", [x], [x.type.with_shape(tuple(shape))],
+                   {"start_indices": i64_array(starts), "limit_indices": i64_array(limits),
+                    "strides": i64_array([1] * len(shape))}).results[0]
+
+
+def _boundary(em, x: Value, fill: Value, axes, edge: int) -> Value:
+    """`x` where this device is the `edge`-th block along `axes` (0 or k-1), else `fill`
+    broadcast: the halo a device at the global boundary reads is the op's padding."""
+    flags = [int(b == edge) for b in em.block_index(axes)]
+    at_edge = em.emit("stablehlo.compare", [em.per_device(flags), em.scalar(1, "i32")],
+                      [TensorType((), "i1")],
+                      {"comparison_direction": "#stablehlo<comparison_direction EQ>"}
+                      ).results[0]
+    mask = em.broadcast(at_edge, TensorType(x.type.shape, "i1"))
+    return em.emit("stablehlo.select", [mask, em.broadcast(fill, x.type), x], [x.type]
+                   ).results[0]
+
+
+def _exchange(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:
+    n = rows.n
+    groups = em.mesh.groups(tuple(axes))
+    k = len(groups[0])
+    pieces = []
+    if rows.left > 0:
+        send = _slice(em, x, dim, n - rows.left, n)
+        pairs = [(g[i], g[i + 1]) for g in groups for i in range(k - 1)]
+        pieces.append(_boundary(em, em.collective_permute(send, pairs, axes), fill, axes, 0))
+    pieces.append(_slice(em, x, dim, max(0, -rows.left), n - max(0, -rows.right))
+                  if rows.left < 0 or rows.right < 0 else x)
+    if rows.right > 0:
+        send = _slice(em, x, dim, 0, rows.right)
+        pairs = [(g[i + 1], g[i]) for g in groups for i in range(k - 1)]
+        pieces.append(_boundary(em, em.collective_permute(send, pairs, axes), fill, axes,
+                                k - 1))
+    if len(pieces) == 1:
+        return pieces[0]
+    shape = list(x.type.shape)
+    shape[dim] = sum(p.type.shape[dim] for p in pieces)
+    return em.emit("stablehlo.concatenate", pieces, [x.type.with_shape(tuple(shape))],
+                   {"dimension": f"{dim} : i64"}).results[0]
+
+
+def _gathered_window(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:
+    """The extended operand cut from the whole dimension: gathered, padded with `fill` at
+    both global ends, and sliced at this device's rows."""
+    full = em.all_gather(x, dim, axes)
+    rank = len(x.type.shape)
+    lo, hi = [0] * rank, [0] * rank
+    lo[dim], hi[dim] = rows.left, rows.right
+    shape = list(full.type.shape)
+    shape[dim] += rows.left + rows.right
+    padded = em.emit("stablehlo.pad", [full, fill], [full.type.with_shape(tuple(shape))],
+                     {"edge_padding_low": i64_array(lo), "edge_padding_high": i64_array(hi),
+                      "interior_padding": i64_array([0] * rank)}).results[0]
+    size = list(x.type.shape)
+    size[dim] = rows.n + rows.left + rows.right
+    starts = [em.scalar(0, "i32") for _ in range(rank)]
+    starts[dim] = em.per_device([b * rows.n for b in em.block_index(axes)])
+    return em.emit("stablehlo.dynamic_slice", [padded, *starts],
+                   [x.type.with_shape(tuple(size))], {"slice_sizes": i64_array(size)}
+                   ).results[0]

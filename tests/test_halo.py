@@ -1,0 +1,182 @@
+"""Issue 21, part 3: a spatially tiled convolution or pooling exchanges halo rows with its
+neighbours (collective_permute) instead of gathering, and gives jax.jit's numbers, gradients
+included. H is tiled 8 ways; every check is against the unpartitioned jax.jit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_jit import hlo_collective_counts
+from test_spatial_tiling import _check_against_jax_jit
+
+import partir_plugin as partir
+from partir_plugin.core.windows import HaloEntry
+from partir_plugin.extend import verify_entry, verify_registry
+from partir_plugin.ir.graph import walk
+from partir_plugin.ir.importer import import_lowered
+from partir_plugin.kernel import default_registry
+from partir_plugin.spmd.halo import HaloWarning
+
+MESH = {"m": 8}
+TILE_H = [partir.ManualPartition({"img": 1}, axis="m")]
+
+
+def _conv_loss(window: int, stride: int):
+    def loss(img, ker):
+        y = jax.lax.conv_general_dilated(img, ker, (stride, stride), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return (y ** 2).sum()
+    return loss
+
+
+def _compiled_counts(f, *args) -> dict[str, int]:
+    return hlo_collective_counts(f.lower(*args).jax_lowered.compile().as_text())
+
+
+@pytest.mark.parametrize("window,stride,height", [(3, 1, 32), (7, 2, 64)],
+                         ids=["3x3-same", "7x7-stride2-same"])
+def test_tiled_height_convolution_exchanges_halos(window, stride, height):
+    """Forward, input gradient (lhs_dilation = stride) and weight gradient (a partial sum of
+    the kernel) all run on H tiles with halos: permutes, and no all_gather anywhere."""
+    step = jax.value_and_grad(_conv_loss(window, stride), argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, height, 8, 4))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (window, window, 4, 8))
+    meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 6, ours
+    f, _ = partir.jit(step, MESH, TILE_H)
+    compiled = _compiled_counts(f, img, ker)
+    assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 6, compiled
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
+    """A 3x3 SAME max-pool over strictly negative inputs: a zero halo at the image border
+    would win every border window. The forward pool exchanges halos (no all_gather); its
+    gradient (select_and_scatter on a padded operand) gives jax.jit's numbers too."""
+    def pool(img):
+        return jax.lax.reduce_window(img, -jnp.inf, jax.lax.max, (1, 3, 3, 1),
+                                     (1, stride, stride, 1), "SAME")
+
+    img = -jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))) - 0.5
+    f, meta = partir.jit(pool, MESH, TILE_H)
+    np.testing.assert_array_equal(np.asarray(f(img)), np.asarray(jax.jit(pool)(img)))
+    assert float(jnp.max(f(img))) < 0
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 1, ours
+    compiled = _compiled_counts(f, img)
+    assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 1, compiled
+
+    step = jax.value_and_grad(lambda img: (pool(img) ** 2).sum())
+    _check_against_jax_jit(step, (img,), TILE_H, MESH)
+
+
+def test_halo_wider_than_a_tile_warns_and_gathers():
+    """A 7x7 window over tiles of 2 rows needs 3 rows from each side: not a neighbour's. The
+    lowering warns, naming the op, and gathers that dimension; the numbers stay right."""
+    step = jax.value_and_grad(_conv_loss(7, 1), argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8, 4))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (7, 7, 4, 8))
+    where = r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+"
+    with pytest.warns(HaloWarning, match=where):
+        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    assert meta.tactics[-1].collectives["all_gather"] > 0
+
+
+def test_halo_entries_of_a_strided_step_verify_and_a_wrong_one_is_caught():
+    """The forward convolution (output tiled), the input gradient (lhs_dilation = stride), the
+    weight gradient (kernel a partial Sum) and the strided max-pool each get a halo entry on
+    H, and the TMR verifier runs each on 2 and 4 devices against the whole op. A halo shifted
+    by one row is caught."""
+    registry = default_registry()
+    img = jnp.ones((2, 16, 8, 4))
+    step = jax.grad(lambda img, ker: (jax.lax.reduce_window(
+        _conv_out(img, ker), -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME") ** 2
+    ).sum(), argnums=(0, 1))
+    ops = list(walk(import_lowered(jax.jit(step).lower(img, jnp.ones((5, 5, 4, 8)))).ops))
+    report = verify_registry(ops, registry, parts=(2, 4))
+    assert report.verdicts and not report.wrong, str(report)
+    kinds = {(v.op_name, v.entry.halo.lhs_dilation, v.entry.halo.weight_gradient)
+             for v in report.verdicts if isinstance(v.entry, HaloEntry) and v.entry.halo.dim == 1}
+    assert kinds == {("stablehlo.convolution", 1, False), ("stablehlo.convolution", 2, False),
+                     ("stablehlo.convolution", 1, True), ("stablehlo.reduce_window", 1, False)}
+
+    conv = next(op for op in ops if op.name == "stablehlo.convolution")
+    entry = next(e for e in registry.entries(conv) if isinstance(e, HaloEntry))
+    shifted = dataclasses.replace(entry, halo=dataclasses.replace(entry.halo,
+                                                                  lo=entry.halo.lo + 1))
+    verdict = verify_entry(conv, shifted)
+    assert not verdict.ok and "largest difference" in verdict.detail
+
+
+def _conv_out(img, ker):
+    return jax.lax.conv_general_dilated(img, ker, (2, 2), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def test_height_and_width_tiled_on_two_axes():
+    """H over 4 devices and W over 2: the second exchange carries the first's rows, so the
+    corner a 3x3 window reads comes along. Values and gradients equal jax.jit's."""
+    step = jax.value_and_grad(_conv_loss(3, 1), argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8, 4))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
+    schedule = [partir.ManualPartition({"img": 1}, axis="h"),
+                partir.ManualPartition({"img": 2}, axis="w")]
+    meta = _check_against_jax_jit(step, (img, ker), schedule, {"h": 4, "w": 2})
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 12, ours
+
+
+def _conv(stride, padding, dilation=1):
+    return lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (stride, 1), padding, rhs_dilation=(dilation, 1),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+GEOMETRIES = {
+    # A 1x1 stride-2 shortcut reads one row fewer than it holds (a negative right halo).
+    "1x1-stride2": (_conv(2, "VALID"), (1, 1, 3, 2)),
+    "3x3-dilated2-same": (_conv(1, "SAME", 2), (3, 1, 3, 2)),
+    "4x4-stride2-asymmetric": (_conv(2, ((1, 2), (0, 0))), (4, 1, 3, 2)),
+    "avg-pool-2x2-stride2": (lambda x, w: jax.lax.reduce_window(
+        x, 0.0, jax.lax.add, (1, 2, 1, 1), (1, 2, 1, 1), "VALID") + w.sum(), (1,)),
+    "max-pool-base-dilated": (lambda x, w: jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1, 3, 1, 1), (1, 1, 1, 1), ((0, 0), (1, 2), (0, 0), (0, 0)),
+        base_dilation=(1, 2, 1, 1)) + w.sum(), (1,)),
+}
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_halo_geometries_verify_with_their_gradients(name):
+    """Stride with a negative halo, window dilation, asymmetric padding, a pool whose windows
+    do not overlap, base dilation: every halo entry of the op and of its gradient is true on
+    2 and 4 devices."""
+    fn, ker_shape = GEOMETRIES[name]
+    x, w = jnp.ones((2, 16, 4, 3)), jnp.ones(ker_shape)
+    step = jax.grad(lambda x, w: (fn(x, w) ** 2).sum(), argnums=(0, 1))
+    ops = list(walk(import_lowered(jax.jit(step).lower(x, w)).ops))
+    report = verify_registry(ops, default_registry(), parts=(2, 4))
+    halos = [v for v in report.verdicts if isinstance(v.entry, HaloEntry)]
+    assert halos and not report.wrong, str(report)
+
+
+def test_valid_convolution_without_translation_invariance_warns_and_gathers():
+    """A VALID 3x3 convolution maps 32 rows to 30: output tiles do not map to input tiles, so
+    there is no halo entry. The image arrives tiled on H and is gathered, with a warning
+    naming the op, the user's line and the reason; the numbers stay right."""
+    def loss(img, ker):
+        y = jax.lax.conv_general_dilated(img, ker, (1, 1), "VALID",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return (y ** 2).sum()
+
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
+    where = r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*VALID"
+    with pytest.warns(HaloWarning, match=where):
+        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    assert meta.tactics[-1].collectives["all_gather"] > 0
