@@ -529,7 +529,6 @@ def analysis(cases: list[Case]) -> list[str]:
            for c in cases]
     fast_dispatch = [c for c in cases if c.dispatch_ratio <= 1.05]
     z3 = [c for c in cases if c.schedule.endswith("Z3")]
-    no_rs = [c for c in z3 if c.peer.hlo_counts["reduce-scatter"] == 0]
     lines = [
         "Where we lose, and why (our reading of the figures and of the compiled HLO; not "
         "verified inside XLA's runtime):",
@@ -545,49 +544,34 @@ def analysis(cases: list[Case]) -> list[str]:
         "move between runs by several percent.",
     ]
     if z3:
+        z3_ratios = ", ".join(f"{c.model} {c.schedule} {c.step_ratio:.2f}" for c in z3)
         lines.append(
-            "- BP+MP+Z3 is where we lose most on step time. The compiled programs differ: "
-            + "; ".join(f"{c.model}: ours {fmt_counts(c.ours.hlo_counts, SHORT_HLO)}, jax.jit "
-                        f"{fmt_counts(c.peer.hlo_counts, SHORT_HLO)}" for c in z3)
-            + ". XLA:CPU combines our all-reduces (BP: the partitioner's one per gradient "
-            "becomes a single combined all-reduce in both programs) but leaves our "
-            "reduce-scatters and all-gathers separate. "
-            + ("XLA's partitioner emits no reduce-scatter on CPU: it all-reduces the full "
-               "gradients (combined) and slices locally, and it gathers every parameter along "
-               "dimension 0, where many of ours gather and scatter along dimensions 1-2 "
-               "(`FIRST_DIVISIBLE_DIM` after Megatron took a dimension), which on XLA:CPU costs "
-               "layout copies around the collective. A microbenchmark on this host (35 "
-               "reduce-scatters vs one combined all-reduce of the same 64 KiB tensors, 3.9 vs "
-               "4.7 ms) showed no penalty for the reduce-scatters themselves, so we attribute "
-               "the gap to those copies and to the different op order in XLA:CPU's thunk "
-               "executor, without having isolated it further." if no_rs else ""))
-    moe = [c for c in cases if c.model == "moe"]
-    if moe:
-        lines.append(
-            "- MoE (expert parallelism, issue 19): "
-            + "; ".join(f"{c.schedule} step {c.step_ratio:.2f}, memory {c.mem_ratio:.2f}, "
-                        f"compiled HLO ours {fmt_counts(c.ours.hlo_counts, SHORT_HLO)}, jax.jit "
-                        f"{fmt_counts(c.peer.hlo_counts, SHORT_HLO)}" for c in moe)
-            + ". Ours is GShard's plan: the dispatched tokens [E, G, C, D] move to their "
-            "experts with one all_to_all and back with one, their transposes in the backward "
-            "pass, and no expert weight is gathered. From the same shardings XLA's SPMD "
-            "partitioner logs \"Involuntary full rematerialization\" at the transposes around "
-            "the dispatch and combine einsums (it cannot go from the expert-tiled layout to the "
-            "group-tiled one directly): it all-gathers those activations over the expert axis "
-            "(and the FFN's hidden activations), then re-slices them (collective-permutes "
-            "under BP+EP+MP), which costs it time and temporary memory. Under BP+EP+MP ours "
-            "also has, per layer, one all_gather on the expert axis in the backward pass (the "
-            "combine's output gradient [G, S, D], an activation; jax.jit gathers it too) and "
-            "one small extra all_to_all.")
+            f"- ZeRO (issue 24): step time {z3_ratios}. The compiled programs: "
+            + "; ".join(f"{c.model} {c.schedule}: ours {fmt_counts(c.ours.hlo_counts, SHORT_HLO)}"
+                        f", jax.jit {fmt_counts(c.peer.hlo_counts, SHORT_HLO)}" for c in z3)
+            + ". Isolated on the compiled programs (2026-11-24): the reduce-scatters were the "
+            "cost. XLA:CPU combines all-reduces into a few ops but runs each reduce-scatter on "
+            "its own and surrounds it with layout copies (the transformer's BP+MP+Z3 had 274 "
+            "copies against jax.jit's 172; 199 without them); XLA's partitioner emits no "
+            "reduce-scatter on CPU either. So on a CPU mesh `partir.jit` all-reduces a sum "
+            "that its consumer tiles and slices it (`scatter_sums`, picked by platform: the "
+            "MLP's BP+MP+Z3 went from 1.09 to 0.99). The dimension Z3 tiles was not the cause: "
+            "`FIRST_DIVISIBLE_DIM` already prefers the major dimension (dimension 0 wherever "
+            "it still divides), and the copies that remain (+27 of 512 bytes, `f32[1,1,128]` "
+            "parameter slices inside fusions) are XLA's.")
     if big or small:
         lines.append(
             f"- Memory: larger than jax.jit in {_named(big, 'mem_ratio')}; smaller in "
             f"{_named(small, 'mem_ratio')}; equal elsewhere (BP and BP+MP compile to the same "
-            "buffers). Under Z3 we all-gather each parameter once and share it between the "
-            "forward and backward pass (a longer live range); XLA gathers some parameters again "
-            "in the backward pass (more all-gathers, shorter live ranges), which wins on the "
-            "transformer's many small parameters. On the MLP its full-size combined gradient "
-            "all-reduce (instead of reduce-scatters) costs more than that saves.")
+            "buffers). Where Z3 is larger (the Flax transformer, +0.75 MiB of temporaries in "
+            "both BP+Z3 and BP+MP+Z3; the plain-JAX decoder +1%), arguments and outputs are "
+            "equal and the copies are the same in number and size: the difference is XLA's "
+            "buffer packing of the same values in a different op order. It is not the "
+            "parameters' live range: gathering each parameter afresh for its backward use "
+            "(`tactic(\"Z3\", regather=True)`, as jax.jit's partitioner does: 60 all-gathers "
+            "instead of 35) left the temporaries unchanged, in XLA's memory analysis and in "
+            "the simulator's estimate alike, so it is an option, off by default. Not closed: "
+            "issue 24 stays open on memory.")
     lines.append(
         f"- Partitioning + compile: slower than jax.jit in {len(slow_c)} of {n} cases "
         f"({_named(slow_c, 'compile_ratio')}). Our trace + schedule (Python: import of the "
