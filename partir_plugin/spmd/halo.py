@@ -106,16 +106,6 @@ def _pad_value(em, op: Op, i: int, operands: list[Value]) -> Value:
     return em.scalar(0, operands[i].type.element)
 
 
-def _slice(em, x: Value, dim: int, start: int, stop: int) -> Value:
-    shape = list(x.type.shape)
-    starts, limits = [0] * len(shape), list(shape)
-    starts[dim], limits[dim] = start, stop
-    shape[dim] = stop - start
-    return em.emit("stablehlo.slice", [x], [x.type.with_shape(tuple(shape))],
-                   {"start_indices": i64_array(starts), "limit_indices": i64_array(limits),
-                    "strides": i64_array([1] * len(shape))}).results[0]
-
-
 def _boundary(em, x: Value, fill: Value, axes, edge: int) -> Value:
     """`x` where this device is the `edge`-th block along `axes` (0 or k-1), else `fill`
     broadcast: the halo a device at the global boundary reads is the op's padding."""
@@ -135,22 +125,17 @@ def _exchange(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Valu
     k = len(groups[0])
     pieces = []
     if rows.left > 0:
-        send = _slice(em, x, dim, n - rows.left, n)
+        send = em.slice(x, dim, n - rows.left, n)
         pairs = [(g[i], g[i + 1]) for g in groups for i in range(k - 1)]
         pieces.append(_boundary(em, em.collective_permute(send, pairs, axes), fill, axes, 0))
-    pieces.append(_slice(em, x, dim, max(0, -rows.left), n - max(0, -rows.right))
+    pieces.append(em.slice(x, dim, max(0, -rows.left), n - max(0, -rows.right))
                   if rows.left < 0 or rows.right < 0 else x)
     if rows.right > 0:
-        send = _slice(em, x, dim, 0, rows.right)
+        send = em.slice(x, dim, 0, rows.right)
         pairs = [(g[i + 1], g[i]) for g in groups for i in range(k - 1)]
         pieces.append(_boundary(em, em.collective_permute(send, pairs, axes), fill, axes,
                                 k - 1))
-    if len(pieces) == 1:
-        return pieces[0]
-    shape = list(x.type.shape)
-    shape[dim] = sum(p.type.shape[dim] for p in pieces)
-    return em.emit("stablehlo.concatenate", pieces, [x.type.with_shape(tuple(shape))],
-                   {"dimension": f"{dim} : i64"}).results[0]
+    return em.concatenate(pieces, dim)
 
 
 def _gathered_window(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:

@@ -220,6 +220,25 @@ class _Emitter:
                        {"slice_sizes": i64_array(shape)})
         return mark(op, "all_slice", axes).results[0]
 
+    def slice(self, x: Value, dim: int, start: int, stop: int) -> Value:
+        """Rows `[start, stop)` of dimension `dim` of the local `x`."""
+        shape = list(x.type.shape)
+        starts, limits = [0] * len(shape), list(shape)
+        starts[dim], limits[dim] = start, stop
+        shape[dim] = stop - start
+        return self.emit("stablehlo.slice", [x], [x.type.with_shape(tuple(shape))],
+                         {"start_indices": i64_array(starts), "limit_indices": i64_array(limits),
+                          "strides": i64_array([1] * len(shape))}).results[0]
+
+    def concatenate(self, parts: list[Value], dim: int) -> Value:
+        if len(parts) == 1:
+            return parts[0]
+        shape = list(parts[0].type.shape)
+        shape[dim] = sum(p.type.shape[dim] for p in parts)
+        return self.emit("stablehlo.concatenate", parts,
+                         [parts[0].type.with_shape(tuple(shape))],
+                         {"dimension": f"{dim} : i64"}).results[0]
+
     def keep_on_first(self, x: Value, axes: tuple[str, ...]) -> Value:
         """`x` on the devices at block 0 along `axes`, zeros elsewhere: a full value turned
         into a partial sum over `axes`."""

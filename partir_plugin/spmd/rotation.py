@@ -10,7 +10,6 @@ move (q ≡ 0 mod n, r = 0).
 
 from __future__ import annotations
 
-from ..ir.attributes import i64_array
 from ..ir.graph import Value
 
 
@@ -25,8 +24,7 @@ def lower_roll(em, x: Value, shift: int, dim: int, axes: tuple[str, ...]) -> Val
     if r == 0:
         return head
     tail = _rotate_blocks(em, x, q + 1, axes)
-    return _concatenate(em, [_slice(em, tail, dim, b - r, b), _slice(em, head, dim, 0, b - r)],
-                        dim)
+    return em.concatenate([em.slice(tail, dim, b - r, b), em.slice(head, dim, 0, b - r)], dim)
 
 
 def _rotate_blocks(em, x: Value, steps: int, axes: tuple[str, ...]) -> Value:
@@ -43,21 +41,4 @@ def _local_roll(em, x: Value, r: int, dim: int) -> Value:
     if r == 0:
         return x
     b = x.type.shape[dim]
-    return _concatenate(em, [_slice(em, x, dim, b - r, b), _slice(em, x, dim, 0, b - r)], dim)
-
-
-def _slice(em, x: Value, dim: int, start: int, limit: int) -> Value:
-    shape = list(x.type.shape)
-    starts, limits = [0] * len(shape), list(shape)
-    starts[dim], limits[dim] = start, limit
-    shape[dim] = limit - start
-    return em.emit("stablehlo.slice", [x], [x.type.with_shape(tuple(shape))],
-                   {"start_indices": i64_array(starts), "limit_indices": i64_array(limits),
-                    "strides": i64_array([1] * len(shape))}).results[0]
-
-
-def _concatenate(em, parts: list[Value], dim: int) -> Value:
-    shape = list(parts[0].type.shape)
-    shape[dim] = sum(p.type.shape[dim] for p in parts)
-    return em.emit("stablehlo.concatenate", parts, [parts[0].type.with_shape(tuple(shape))],
-                   {"dimension": f"{dim} : i64"}).results[0]
+    return em.concatenate([em.slice(x, dim, b - r, b), em.slice(x, dim, 0, b - r)], dim)
