@@ -238,8 +238,11 @@ def recipes(draw) -> Recipe:
                 ["gather", "scatter", "conv", "window", "cumsum", "while", "roll", "scan"])))
             if spec is None:
                 continue
+            shape = result_shape(spec, shapes)
+            if 0 in shape:  # a VALID window wider than the dimension
+                continue
             ops.append(spec)
-            shapes[("v", len(ops) - 1)] = result_shape(spec, shapes)
+            shapes[("v", len(ops) - 1)] = shape
             continue
         if kind == "other":  # iota, slice, pad, concatenate, reverse: lighter weight
             kind = draw(st.sampled_from(["iota", "slice", "pad", "concatenate", "reverse"]))
@@ -260,8 +263,11 @@ def recipes(draw) -> Recipe:
                 spec, out[dim] = ("concatenate", x, operand_like(xs), dim), xs[dim] * 2
             else:
                 spec = ("reverse", x, dim)
+            shape = result_shape(spec, shapes)  # odd sizes too
+            if 0 in shape:
+                continue
             ops.append(spec)
-            shapes[("v", len(ops) - 1)] = result_shape(spec, shapes)  # odd sizes too
+            shapes[("v", len(ops) - 1)] = shape
             continue
         if kind == "unary":
             x = pick()
