@@ -76,3 +76,57 @@ def _roll(x, shift: int, axis: int):
 
 
 _roll_fn = None
+
+
+def interleave(x, repeats: int, stages: int, inverse: bool = False):
+    """The stacked layers `x` (`[L, ...]`) reordered so that block s of `stages` contiguous
+    blocks holds layer chunks s, s+S, ..., s+(R-1)S (chunks of L/(R·S) layers): the storage
+    a circular pipeline's stage s reads. `inverse=True` undoes it.
+
+    Where dimension 0 is tiled over `stages` devices, the lowering moves the chunks between
+    devices with collective_permutes (each device keeps 1/S of the stack throughout); under
+    `jax.jit` it is a reshape and a transpose.
+    """
+    global _interleave_fn
+    if _interleave_fn is None:
+        _interleave_fn = _make_interleave()
+    return _interleave_fn(x, int(repeats), int(stages), bool(inverse))
+
+
+def interleaved_order(x, repeats: int, stages: int, inverse: bool):
+    """`interleave`'s meaning as plain jax (its composite's decomposition)."""
+    layers = x.shape[0]
+    per = layers // (repeats * stages)
+    rest = x.shape[1:]
+    major, minor = (stages, repeats) if inverse else (repeats, stages)
+    y = x.reshape(major, minor, per, *rest)
+    return y.swapaxes(0, 1).reshape(layers, *rest)
+
+
+def _make_interleave():
+    import functools
+
+    import jax
+
+    from .ir.importer import INTERLEAVE_OP
+
+    def composite(x, repeats, stages, inverse):
+        op = jax.lax.composite(lambda v, *, repeats, stages, inverse: interleaved_order(
+            v, repeats, stages, inverse), name=INTERLEAVE_OP)
+        return op(x, repeats=repeats, stages=stages, inverse=inverse)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+    def reordered(x, repeats, stages, inverse):
+        return composite(x, repeats, stages, inverse)
+
+    def forward(x, repeats, stages, inverse):
+        return composite(x, repeats, stages, inverse), None
+
+    def backward(repeats, stages, inverse, _, g):
+        return (reordered(g, repeats, stages, not inverse),)
+
+    reordered.defvjp(forward, backward)
+    return reordered
+
+
+_interleave_fn = None

@@ -31,7 +31,7 @@ from jax.extend import core as jex_core
 from .core.actions import TacticContext
 from .core.mesh import Mesh
 from .errors import PartitionError
-from .markers import roll, tag
+from .markers import interleave, roll, tag
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
 STATE_TAG = "pp/state"  # the stage state, `[S, microbatch, ...]`
@@ -44,43 +44,55 @@ def _tagged(x, name: str):
 
 @dataclass(frozen=True)
 class PipelineShape:
-    """What a pipelined loop looks like: S stages, M microbatches, L layers."""
+    """What a pipelined loop looks like: S stages, M microbatches, L layers, R repeats (the
+    circular schedule's passes through the stages; 1: GPipe)."""
 
     stages: int
     microbatches: int
     layers: int
+    repeats: int = 1
 
     @property
     def iterations(self) -> int:
-        """GPipe's trip count: every microbatch through every stage, M + S - 1."""
-        return self.microbatches + self.stages - 1
+        """The trip count: every microbatch through every stage R times, M·R + S - 1."""
+        return self.microbatches * self.repeats + self.stages - 1
 
     @property
     def bubble(self) -> float:
-        """The idle fraction of each stage, (S - 1) / (M + S - 1), counted from the schedule
+        """The idle fraction of each stage, (S - 1) / (M·R + S - 1), counted from the schedule
         table rather than assumed (`schedule_table`)."""
-        table = schedule_table(self.stages, self.microbatches)
+        table = schedule_table(self.stages, self.microbatches, self.repeats)
         idle = sum(1 for row in table for m in row if m is None)
         return idle / (len(table) * self.stages)
 
 
-def schedule_table(stages: int, microbatches: int) -> list[list[int | None]]:
-    """Per iteration t, per stage s, the microbatch stage s works on (None: a bubble)."""
-    return [[t - s if 0 <= t - s < microbatches else None for s in range(stages)]
-            for t in range(microbatches + stages - 1)]
+def schedule_table(stages: int, microbatches: int, repeats: int = 1
+                   ) -> list[list[int | None]]:
+    """Per iteration t, per stage s, the step k = t - s stage s works on (microbatch k mod M in
+    pass k div M; with one pass, the microbatch), or None for a bubble."""
+    work = microbatches * repeats
+    return [[t - s if 0 <= t - s < work else None for s in range(stages)]
+            for t in range(work + stages - 1)]
 
 
 def _check(shape: PipelineShape, batch: int) -> None:
-    S, M, L = shape.stages, shape.microbatches, shape.layers
-    if L % S:
-        raise PartitionError(f"PP: {L} stacked layers do not divide into {S} stages")
+    S, M, L, R = shape.stages, shape.microbatches, shape.layers, shape.repeats
+    if L % (S * R):
+        raise PartitionError(f"PP: {L} stacked layers do not divide into {S} stages"
+                             + (f" x {R} repeats" if R > 1 else ""))
     if batch % M:
         raise PartitionError(f"PP: a batch of {batch} does not split into {M} microbatches")
+    if R > 1 and M < S:
+        raise PartitionError(f"PP: the circular schedule needs at least as many microbatches "
+                             f"as stages ({M} < {S}): a microbatch re-enters stage 0 S "
+                             f"iterations after it left it")
 
 
 def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
-                   scan: Callable = lax.scan, fill: float = 0.0):
-    """`lax.scan(body, carry, xs)` over stacked layers as a GPipe pipeline; returns
+                   repeats: int = 1, scan: Callable = lax.scan, fill: float = 0.0):
+    """`lax.scan(body, carry, xs)` over stacked layers as a GPipe pipeline (`repeats` > 1: the
+    circular schedule, stage s holding layer chunks s, s+S, ..., each microbatch passing
+    through the stages R times); returns
     `(final carry, ys)` like the scan, for a body whose per-layer outputs `ys` hold no arrays
     (None, or Flax's empty tuples).
 
@@ -100,13 +112,16 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     if any(c.ndim == 0 or c.shape[0] != batch for c in carry_leaves):
         raise PartitionError("PP: every carried value of the layer loop needs the batch as "
                              "its leading dimension")
-    shape = PipelineShape(stages, microbatches, layers)
+    shape = PipelineShape(stages, microbatches, layers, repeats)
     _check(shape, batch)
-    S, M = stages, microbatches
+    S, M, R = stages, microbatches, repeats
     mb = batch // M
-    # [L, ...] -> [S, L/S, ...]: stage s holds layers s*L/S ... (s+1)*L/S - 1.
-    stacked = jax.tree.map(lambda a: _tagged(a, LAYERS_TAG).reshape(S, layers // S,
-                                                                     *a.shape[1:]), xs)
+    # [L, ...] -> [S, R, L/(S·R), ...]: stage s holds chunks s, s+S, ... (R = 1: layers
+    # s*L/S ... (s+1)*L/S - 1); `interleave` moves the chunks to their stages.
+    stacked = jax.tree.map(
+        lambda a: (interleave(_tagged(a, LAYERS_TAG), R, S) if R > 1
+                   else _tagged(a, LAYERS_TAG)).reshape(S, R, layers // (S * R),
+                                                        *a.shape[1:]), xs)
     # [B, ...] -> [M, B/M, ...], strided: microbatch m is rows m, m+M, ...
     micro = jax.tree.map(lambda c: jnp.swapaxes(c.reshape(mb, M, *c.shape[1:]), 0, 1), carry)
     stage = jnp.arange(S)
@@ -127,31 +142,54 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     def where_stage(mask, a, b):
         return jnp.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
 
+    def chunk(t):
+        """Each stage's layers for the pass it is in at iteration t."""
+        r = jnp.clip((t - stage) // M, 0, R - 1)
+        chosen = jax.tree.map(lambda w: w[:, 0], stacked)
+        for i in range(1, R):
+            chosen = jax.tree.map(lambda c, w, i=i: where_stage(r == i, w[:, i], c),
+                                  chosen, stacked)
+        return chosen
+
     def step(loop, t):
-        state, outs = loop
-        k = t - stage  # the microbatch each stage works on
-        valid = (k >= 0) & (k < M)
+        state, outs, circ = loop
+        k = t - stage  # the step each stage works on: microbatch k mod M, pass k div M
+        valid = (k >= 0) & (k < M * R)
         first = jax.tree.map(lambda m: lax.dynamic_index_in_dim(m, jnp.minimum(t, M - 1), 0,
                                                                 keepdims=True), micro)
+        if R > 1:  # later passes re-enter stage 0 from the recirculation buffer
+            again = jax.tree.map(lambda c: lax.dynamic_index_in_dim(c, t % M, 1, False), circ)
+            first = jax.tree.map(lambda f, a: jnp.where(t < M, f, a), first, again)
         inputs = jax.tree.map(lambda f, s: where_stage(stage == 0, jnp.broadcast_to(f, s.shape),
                                                        s), first, state)
         inputs = jax.tree.map(lambda s: where_stage(valid, s, jnp.zeros_like(s)), inputs)
-        out = jax.vmap(run_stage)(inputs, stacked)
-        # The last stage's finished microbatch goes to its slot of the output buffer. The
-        # buffer has a stage dimension too, so each stage writes only its own (local) block and
-        # only the last stage's block is kept: no stage reads another's block in the loop.
-        done = jnp.clip(t - (S - 1), 0, M - 1)
-        keep = (stage == S - 1) & (t >= S - 1)
+        out = jax.vmap(run_stage)(inputs, chunk(t))
+        shifted = jax.tree.map(lambda y: roll(y, 1, axis=0), out)
+        # What the last stage finished: microbatch `done` of pass `last`.
+        k_last = t - (S - 1)
+        done = jnp.clip(k_last, 0, M * R - 1) % M
+        last = jnp.clip(k_last, 0, M * R - 1) // M
+        if R > 1:  # not its last pass: into stage 0's slot `done` of the buffer
+            back = (stage == 0) & (k_last >= 0) & (last < R - 1)
+            circ = jax.tree.map(
+                lambda c, y: where_stage(back, lax.dynamic_update_index_in_dim(
+                    c, y[:, None], done, 1), c), circ, shifted)
+        # Its last pass goes to its slot of the output buffer. The buffer has a stage
+        # dimension too, so each stage writes only its own (local) block and only the last
+        # stage's block is kept: no stage reads another's block in the loop.
+        keep = (stage == S - 1) & (k_last >= 0) & (last == R - 1)
         outs = jax.tree.map(
             lambda o, y: where_stage(keep, lax.dynamic_update_index_in_dim(o, y[:, None], done, 1),
                                      o),
             outs, out)
-        return (jax.tree.map(lambda y: roll(y, 1, axis=0), out), outs), None
+        return (shifted, outs, circ), None
 
     state0 = jax.tree.map(lambda m: _tagged(jnp.full((S, *m.shape[1:]), fill, m.dtype),
                                             STATE_TAG), micro)
     outs0 = jax.tree.map(lambda m: jnp.full((S, *m.shape), fill, m.dtype), micro)
-    (_, outs), _ = scan(step, (state0, outs0), jnp.arange(shape.iterations))
+    circ0 = jax.tree.map(lambda m: jnp.full((S, *m.shape), fill, m.dtype), micro) if R > 1 \
+        else ()
+    (_, outs, _), _ = scan(step, (state0, outs0, circ0), jnp.arange(shape.iterations))
     # The last stage's block, taken as a masked sum over stages (one reduction over the stage
     # axis once partitioned, rather than a gather of every stage's block).
     outs = jax.tree.map(lambda o: jnp.sum(where_stage(stage == S - 1, o, jnp.zeros_like(o)),
@@ -236,12 +274,14 @@ class _LayerLoopHook:
                           f"statistics per microbatch of {batch // self.tactic.microbatches}, "
                           f"not over the batch of {batch} (e.g. batch norm), so results may "
                           f"differ from the unpipelined step", PipelineWarning, stacklevel=2)
-        self.tactic.found = PipelineShape(self.stages, self.tactic.microbatches, layers)
+        self.tactic.found = PipelineShape(self.stages, self.tactic.microbatches, layers,
+                                          self.tactic.repeats)
         self.tactic.batch = batch
         self.inside = True
         try:
             return pipelined_scan(f, init, xs, stages=self.stages,
-                                  microbatches=self.tactic.microbatches, scan=self.original,
+                                  microbatches=self.tactic.microbatches,
+                                  repeats=self.tactic.repeats, scan=self.original,
                                   fill=float("nan") if self.tactic.poison_bubbles else 0.0)
         finally:
             self.inside = False
@@ -263,6 +303,7 @@ class PipelineParallel:
     axis: str = "stage"
     microbatches: int = 4
     schedule: str = "gpipe"
+    repeats: int = 1
     name: str = "PP"
     # Debugging: the pipeline's idle (bubble) slots start as NaN instead of zeros; results
     # must not change (tests/test_pipeline.py checks they do not).
@@ -271,10 +312,15 @@ class PipelineParallel:
     batch: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
-        if self.schedule != "gpipe":
+        if self.schedule not in ("gpipe", "circular"):
             raise PartitionError(f"{self.name}: schedule {self.schedule!r} is not built yet "
-                                 f"(available: 'gpipe'; docs/pipeline_design.md has the plan "
-                                 f"for 'circular' and '1f1b')")
+                                 f"(available: 'gpipe', 'circular'; docs/pipeline_design.md "
+                                 f"says what '1f1b' would take)")
+        if self.schedule == "gpipe" and self.repeats != 1:
+            raise PartitionError(f"{self.name}: repeats={self.repeats} needs "
+                                 f"schedule='circular' (GPipe passes through the stages once)")
+        if self.repeats < 1:
+            raise PartitionError(f"{self.name}: repeats must be >= 1, got {self.repeats}")
         if self.microbatches < 1:
             raise PartitionError(f"{self.name}: microbatches must be >= 1, got "
                                  f"{self.microbatches}")
@@ -304,11 +350,16 @@ class PipelineParallel:
     def describe(self) -> str:
         """The report's line: the pipeline's shape, its bubble and what each stage holds."""
         shape = self.found
-        S, M, L = shape.stages, shape.microbatches, shape.layers
-        return (f"pipeline ({self.schedule}) over {self.axis!r}: {S} stages of {L // S} "
-                f"layers, {M} microbatches of {self.batch // M}, {shape.iterations} "
-                f"iterations, bubble (S-1)/(M+S-1) = {shape.bubble:.1%}; each stage keeps "
-                f"the activations of all {M} microbatches until the backward pass")
+        S, M, L, R = shape.stages, shape.microbatches, shape.layers, shape.repeats
+        per = L // (S * R)
+        layout = (f"{S} stages of {L // S} layers" if R == 1 else
+                  f"{S} stages of {R} chunks of {per} layer{'s' if per > 1 else ''} "
+                  f"(stage s: chunks s, s+{S}, ...)")
+        formula = "(S-1)/(M+S-1)" if R == 1 else "(S-1)/(M·R+S-1)"
+        return (f"pipeline ({self.schedule}) over {self.axis!r}: {layout}, {M} microbatches "
+                f"of {self.batch // M}, {shape.iterations} iterations, bubble {formula} = "
+                f"{shape.bubble:.1%}; each stage keeps the activations of all {M} "
+                f"microbatches until the backward pass")
 
     @property
     def bubble(self) -> float | None:

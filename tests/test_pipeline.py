@@ -150,6 +150,60 @@ def test_pp_bp_gives_jax_jit_numbers_with_stages_holding_their_layers(model, mic
         sum(x.nbytes for x in jax.tree.leaves(model[0])) - 3 * stack)
 
 
+def test_circular_schedule_gives_jax_jit_numbers_with_interleaved_stages(model):
+    """Circular with R = 2: stage s holds layer chunks s and s+4 (the stack's chunks move to
+    their stages by collective_permutes inside the step, never gathered), each microbatch
+    passes through the stages twice, the bubble is (S-1)/(M·R+S-1)."""
+    pp = partir.tactic("PP", axis="stage", microbatches=4, schedule="circular", repeats=2)
+    fn, meta = _pipelined(model, {"stage": 4, "batch": 2},
+                          [pp, partir.tactic("BP", axis="batch")])
+    assert _stage_sharded(meta)
+    assert pp.bubble == pytest.approx(3 / (4 * 2 + 3))
+    assert "bubble (S-1)/(M·R+S-1) = 27.3%" in meta.report()
+    row = meta.tactics[0]
+    assert row.collectives.get("all_gather", 0) == 0 and row.collectives["all_permute"] > 2
+    counts = hlo_collective_counts(fn.lower(*model[0]).compile().as_text())
+    assert counts["all_permute"] >= 2 and not counts["all_gather"]
+
+
+@pytest.mark.parametrize("stages,microbatches,repeats", [(4, 4, 2), (4, 8, 2), (2, 2, 4)])
+def test_circular_pipelined_scan_equals_the_scan(stages, microbatches, repeats):
+    params, x, y = _stack()
+
+    def loss(params, x, scan):
+        return jnp.mean((scan(_layer, x, params)[0] - y) ** 2)
+
+    pipelined = lambda f, c, xs: pipelined_scan(f, c, xs, stages=stages,
+                                                microbatches=microbatches, repeats=repeats)
+    _assert_close(jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, pipelined)))(params, x),
+                  jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, lax.scan)))(params, x))
+    assert PipelineShape(stages, microbatches, 8, repeats).bubble == pytest.approx(
+        (stages - 1) / (microbatches * repeats + stages - 1))
+
+
+def test_interleave_moves_chunks_between_devices():
+    """`interleave` on a stack tiled over its stages: jax.jit's numbers, forward and inverse
+    with their gradients, by collective_permutes; a tiling that is not one block per stage
+    gathers, reorders and slices back."""
+    from partir_plugin.markers import interleave
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 3))
+    w = jnp.arange(48.0).reshape(16, 3)
+    for repeats, stages, mesh, permutes in [(2, 4, {"s": 4}, True), (4, 2, {"s": 2}, True),
+                                            (2, 2, {"s": 4}, False)]:
+        for inverse in (False, True):
+            def f(x, r=repeats, s=stages, inv=inverse):
+                y = interleave(x, r, s, inv)
+                return jax.value_and_grad(lambda x: (jnp.sin(
+                    interleave(x, r, s, inv)) * w).sum())(x), y
+
+            fn, meta = partir.jit(f, mesh, [partir.ManualPartition({"x": 0}, axis="s")])
+            _assert_close(fn(x), jax.jit(f)(x))
+            counts = meta.tactics[-1].collectives
+            assert bool(counts["all_permute"]) == permutes
+            assert bool(counts["all_gather"]) != permutes
+
+
 def test_pp_bp_mp_and_pp_bp_z3_compose(model):
     mp = partir.tactic("MP", rule=megatron.transformer_rule, axis="model")
     _, meta = _pipelined(model, {"stage": 2, "batch": 2, "model": 2},
@@ -250,6 +304,15 @@ def test_pp_errors_name_the_tactic(model):
                    [partir.tactic("PP")])[0].lower(*uargs)
     with pytest.raises(partir.PartitionError, match="schedule 'zero-bubble' is not built"):
         partir.tactic("PP", schedule="zero-bubble")
+    with pytest.raises(partir.PartitionError, match="8 stacked layers do not divide into 4 "
+                                                    "stages x 3 repeats"):
+        partir.jit(step, {"stage": 4}, [partir.tactic(
+            "PP", schedule="circular", repeats=3, microbatches=4)])[0].lower(*args)
+    with pytest.raises(partir.PartitionError, match="at least as many microbatches as stages"):
+        partir.jit(step, {"stage": 4}, [partir.tactic(
+            "PP", schedule="circular", repeats=2, microbatches=2)])[0].lower(*args)
+    with pytest.raises(partir.PartitionError, match="repeats=2 needs schedule='circular'"):
+        partir.tactic("PP", repeats=2)
 
 
 def test_batch_coupled_layer_bodies_warn():

@@ -23,6 +23,11 @@ TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an 
 # The composite `partir_plugin.roll` lowers to: imported as one op of this name (attributes
 # `shift`, `axis`), which the lowering turns into collective_permutes where the axis is tiled.
 ROLL_OP = "partir.roll"
+# The composite `partir_plugin.markers.interleave` lowers to (attributes `repeats`, `stages`,
+# `inverse`): the circular pipeline's layer order, chunks moved by collective_permutes.
+INTERLEAVE_OP = "partir.interleave"
+# Composites kept whole, with the attributes they keep.
+KEPT_COMPOSITES = {ROLL_OP: ("shift", "axis"), INTERLEAVE_OP: ("repeats", "stages", "inverse")}
 
 
 def make_context() -> ir.Context:
@@ -88,14 +93,15 @@ class _Importer:
                     out.append(single)
                     env[r] = single.results[0]
                 continue
-            if (name == "stablehlo.composite"
-                    and ir.StringAttr(op.attributes["name"]).value == ROLL_OP):
+            kept = (ir.StringAttr(op.attributes["name"]).value
+                    if name == "stablehlo.composite" else None)
+            if kept in KEPT_COMPOSITES:
                 attrs = ir.DictAttr(op.attributes["composite_attributes"])
-                roll = Op(ROLL_OP, [env[op.operands[0]]], [self._type(op.results[0].type)],
-                          {k: str(attrs[k]) for k in ("shift", "axis")})
-                roll.mlir_location = op.location
-                env[op.results[0]] = roll.results[0]
-                out.append(roll)
+                whole = Op(kept, [env[op.operands[0]]], [self._type(op.results[0].type)],
+                           {k: str(attrs[k]) for k in KEPT_COMPOSITES[kept]})
+                whole.mlir_location = op.location
+                env[op.results[0]] = whole.results[0]
+                out.append(whole)
                 continue
             if name in ("func.call", "stablehlo.composite"):
                 # Calls are inlined; so are composites: the decomposition is their meaning,

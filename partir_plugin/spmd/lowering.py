@@ -20,12 +20,13 @@ from ..core.tmr import Sum
 from ..core.windows import WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array
 from ..ir.graph import Block, Func, Op, Region, Value, walk
-from ..ir.importer import ROLL_OP
+from ..ir.importer import INTERLEAVE_OP, ROLL_OP
 from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .accumulation import PendingSums, linear_operands
 from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands
+from .interleave import lower_interleave
 from .layout import Layout
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
@@ -608,7 +609,13 @@ class _Lowering:
         if vocab_axes:
             operands = [operands[0], self._local_ids(op, operands[0], operands[1], k,
                                                      vocab_axes)]
-        if op.name == ROLL_OP:
+        if op.name == INTERLEAVE_OP:
+            axes = tuple(a for a, e in nest if e.operands[0] == 0)
+            results = [lower_interleave(
+                self.em, operands[0], int(op.attributes["repeats"].split(":")[0]),
+                int(op.attributes["stages"].split(":")[0]),
+                op.attributes["inverse"].strip() == "true", axes)]
+        elif op.name == ROLL_OP:
             dim = int(op.attributes["axis"].split(":")[0])
             axes = tuple(a for a, e in nest if e.operands[0] == dim)
             results = [lower_roll(self.em, operands[0],

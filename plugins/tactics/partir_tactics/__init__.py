@@ -111,14 +111,16 @@ def expert_parallel(rule: Callable[[str, tuple], int | None], axis: str = "exper
 
 
 def pipeline_parallel(axis: str = "stage", microbatches: int = 4, schedule: str = "gpipe",
-                      poison_bubbles: bool = False, name: str = "PP") -> PipelineParallel:
+                      repeats: int = 1, poison_bubbles: bool = False,
+                      name: str = "PP") -> PipelineParallel:
     """PP: pipeline the layer loop (a `lax.scan` over stacked layers, e.g. Flax `nn.scan`)
     over `axis`, one stage per device along it, the batch split into `microbatches` (GPipe:
-    bubble (S-1)/(M+S-1)). The stacked parameters stay on their stage; the stage state moves
-    by one collective_permute per iteration (forward and backward). Compose with BP, MP and Z3
-    on the other axes."""
+    bubble (S-1)/(M+S-1); `schedule="circular"` with `repeats=R`: stage s holds layer chunks
+    s, s+S, ..., bubble (S-1)/(M·R+S-1)). The stacked parameters stay on their stage; the
+    stage state moves by one collective_permute per iteration (forward and backward). Compose
+    with BP, MP and Z3 on the other axes."""
     return PipelineParallel(axis=axis, microbatches=microbatches, schedule=schedule,
-                            poison_bubbles=poison_bubbles, name=name)
+                            repeats=repeats, poison_bubbles=poison_bubbles, name=name)
 
 
 @hookimpl

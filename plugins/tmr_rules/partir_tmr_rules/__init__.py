@@ -90,6 +90,8 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     # partir_plugin.roll: every dimension passes through; the lowering rotates blocks where the
     # rolled dimension is tiled.
     registry.register("partir.roll", identity_rule)
+    # partir_plugin.markers.interleave: likewise; the lowering moves chunks where dim 0 is tiled.
+    registry.register("partir.interleave", identity_rule)
     registry.register("stablehlo.gather", gather_rule)
     for name in CHLO_ELEMENTWISE:
         registry.register(name, elementwise_rule)
