@@ -270,4 +270,7 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
         after.append(_AfterTactic(name, kept, ctx.actions, ctx.search))
     if not schedule:  # an empty schedule: the replicated program
         propagate(state)
+    for tactic in schedule:  # checks that need the whole schedule's decisions (PP)
+        if hasattr(tactic, "finish"):
+            tactic.finish(state)
     return Partitioned(state, lower_to_spmd(state), TacticReports(after, hardware))

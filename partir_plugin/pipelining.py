@@ -35,6 +35,8 @@ from .markers import interleave, roll, tag
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
 STATE_TAG = "pp/state"  # the stage state, `[S, microbatch, ...]`
+BATCH_TAG = "pp/batch"  # the loop's carried input, `[B, ...]`
+MICRO_TAG = "pp/micro"  # the same as microbatches, `[M, B/M, ...]`
 
 
 def _tagged(x, name: str):
@@ -123,7 +125,8 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                    else _tagged(a, LAYERS_TAG)).reshape(S, R, layers // (S * R),
                                                         *a.shape[1:]), xs)
     # [B, ...] -> [M, B/M, ...], strided: microbatch m is rows m, m+M, ...
-    micro = jax.tree.map(lambda c: jnp.swapaxes(c.reshape(mb, M, *c.shape[1:]), 0, 1), carry)
+    micro = jax.tree.map(lambda c: _tagged(jnp.swapaxes(_tagged(c, BATCH_TAG).reshape(
+        mb, M, *c.shape[1:]), 0, 1), MICRO_TAG), carry)
     stage = jnp.arange(S)
 
     outputs = []  # the body's per-layer output: a pytree without arrays, returned as is
@@ -346,6 +349,22 @@ class PipelineParallel:
             if ctx.state.dim_of(v, self.axis) is None:
                 ctx.tile(v, 0, self.axis)
         ctx.state.notes.append(self.describe())
+
+    def finish(self, state) -> None:
+        """After the whole schedule: where the batch is tiled (data parallelism from BP on
+        other axes), each microbatch must be tiled alike, else the pipeline would run every
+        microbatch whole on each data-parallel device (right numbers, no data parallelism)."""
+        for batch, micro in zip(state.tags.get(BATCH_TAG, []), state.tags.get(MICRO_TAG, [])):
+            data = [a for a, d in state.tiles_of(batch) if d == 0 and a != self.axis]
+            along = [a for a, d in state.tiles_of(micro) if d == 1]
+            missing = [a for a in data if a not in along]
+            if missing:
+                n = state.mesh.product(data)
+                raise PartitionError(
+                    f"{self.name}: the batch of {self.batch} is split {n} ways over {data} "
+                    f"(data parallelism), but its {self.microbatches} microbatches of "
+                    f"{self.batch // self.microbatches} are not: choose microbatches so that "
+                    f"{self.batch} is divisible by microbatches x {n}")
 
     def describe(self) -> str:
         """The report's line: the pipeline's shape, its bubble and what each stage holds."""

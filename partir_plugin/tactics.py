@@ -2,7 +2,10 @@
 
 A tactic is any object with a `name` and `apply(ctx)` that issues actions on a
 `TacticContext`; `propagate` runs after it. A tactic may also have `reserve(state)`, called
-for every tactic before the schedule runs (ManualPartition reserves the tags it decides).
+for every tactic before the schedule runs (ManualPartition reserves the tags it decides),
+`finish(state)`, called after the whole schedule (PP checks that data parallelism reached its
+microbatches), and `trace_hook(mesh)`, a context manager entered while the step is traced (PP
+substitutes the layer loop).
 Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
 """
 

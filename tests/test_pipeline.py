@@ -313,6 +313,11 @@ def test_pp_errors_name_the_tactic(model):
             "PP", schedule="circular", repeats=2, microbatches=2)])[0].lower(*args)
     with pytest.raises(partir.PartitionError, match="repeats=2 needs schedule='circular'"):
         partir.tactic("PP", repeats=2)
+    # 16 rows over 4 data-parallel devices: 8 microbatches of 2 cannot each be split 4 ways.
+    with pytest.raises(partir.PartitionError, match="16 is divisible by microbatches x 4"):
+        partir.jit(step, {"stage": 2, "batch": 4}, [
+            partir.tactic("PP", microbatches=8), partir.tactic("BP", axis="batch")]
+        )[0].lower(*args)
 
 
 def test_batch_coupled_layer_bodies_warn():
