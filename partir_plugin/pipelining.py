@@ -129,16 +129,11 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
         mb, M, *c.shape[1:]), 0, 1), MICRO_TAG), carry)
     stage = jnp.arange(S)
 
-    outputs = []  # the body's per-layer output: a pytree without arrays, returned as is
+    outputs = _layer_outputs(body, carry, xs, scan)
 
     def run_stage(h, layer_inputs):
         def layer(h, x):
-            h, y = body(h, x)
-            if jax.tree.leaves(y):
-                raise PartitionError("PP: the layer loop returns per-layer outputs; a "
-                                     "pipelined loop supports layer loops without them")
-            outputs[:] = [y]
-            return h, None
+            return body(h, x)[0], None
 
         return scan(layer, h, layer_inputs)[0]
 
@@ -198,7 +193,32 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     outs = jax.tree.map(lambda o: jnp.sum(where_stage(stage == S - 1, o, jnp.zeros_like(o)),
                                           axis=0), outs)
     final = jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1).reshape(batch, *o.shape[2:]), outs)
-    return final, outputs[0]
+    return final, outputs
+
+
+def _layer_outputs(body: Callable, carry, xs, scan: Callable):
+    """The scan's per-layer outputs `ys`, where the pipeline can give them: none (Flax
+    `nn.scan`'s empty tuples come back as they are), or outputs that do not depend on the
+    carried activations (`nnx.scan` returns each layer's module state), computed by a plain
+    scan over the layers with the carry left at zeros, whose unused activations XLA drops.
+    Outputs computed from the activations would have to be pipelined too: refused."""
+    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
+    closed = jax.make_jaxpr(lambda c, x: body(c, x))(carry, layer)
+    outs = jax.eval_shape(lambda c, x: body(c, x), carry, layer)[1]
+    if not jax.tree.leaves(outs):
+        return outs
+    n_carry, n_carry_out = len(jax.tree.leaves(carry)), len(jax.tree.leaves(
+        jax.eval_shape(lambda c, x: body(c, x)[0], carry, layer)))
+    tainted = set(closed.jaxpr.invars[:n_carry])
+    for eqn in closed.jaxpr.eqns:
+        if any(v in tainted for v in eqn.invars if not isinstance(v, jex_core.Literal)):
+            tainted.update(eqn.outvars)
+    if any(v in tainted for v in closed.jaxpr.outvars[n_carry_out:]):
+        raise PartitionError("PP: the layer loop returns per-layer outputs computed from the "
+                             "activations; a pipelined loop supports per-layer outputs that "
+                             "depend only on the layers' own inputs (a module's state)")
+    zeros = jax.tree.map(jnp.zeros_like, carry)
+    return scan(lambda c, x: (c, body(zeros, x)[1]), (), xs)[1]
 
 
 class PipelineWarning(UserWarning):
@@ -371,7 +391,7 @@ class PipelineParallel:
         shape = self.found
         S, M, L, R = shape.stages, shape.microbatches, shape.layers, shape.repeats
         per = L // (S * R)
-        layout = (f"{S} stages of {L // S} layers" if R == 1 else
+        layout = (f"{S} stages of {L // S} layer{'s' if L // S > 1 else ''}" if R == 1 else
                   f"{S} stages of {R} chunks of {per} layer{'s' if per > 1 else ''} "
                   f"(stage s: chunks s, s+{S}, ...)")
         formula = "(S-1)/(M+S-1)" if R == 1 else "(S-1)/(M·R+S-1)"

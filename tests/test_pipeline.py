@@ -224,6 +224,27 @@ def test_pp_composes_with_automatic_partition(model):
     assert _stage_sharded(meta)
 
 
+def test_nnx_scan_layers_are_pipelined():
+    """Flax NNX: blocks made with `nnx.vmap`, run with `nnx.scan`, whose per-layer outputs (each
+    block's state) the pipelined loop returns as the scan does; jax.jit's numbers after an
+    SGD step, the stacked kernels on their stages."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import external_models
+    finally:
+        sys.path.pop(0)
+    program = external_models.flax_nnx_scan()  # 3 blocks, batch 16
+    args = (program.params, program.opt_state, program.batch)
+    fn, meta = partir.jit(program.train_step, {"stage": 3},
+                          [partir.tactic("PP", axis="stage", microbatches=4)])
+    _assert_close(fn(*args), jax.jit(program.train_step)(*args))
+    kernels = [s for s in jax.tree.leaves(meta.in_shardings[0]["blocks"]) if s.spec]
+    assert kernels and all(s.spec[0] == "stage" for s in kernels)
+
+
 def test_poisoned_bubbles_change_nothing(model):
     _pipelined(model, {"stage": 4, "batch": 2},
                [partir.tactic("PP", axis="stage", microbatches=4, poison_bubbles=True),
