@@ -9,7 +9,6 @@ from typing import Any
 from .core.mesh import Mesh
 from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
-from .markers import roll, tag  # noqa: F401  (public API: partir_plugin.tag, .roll)
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for

@@ -20,3 +20,11 @@ def parse_i64_array(text: str) -> list[int]:
 
 def i64_array(values) -> str:
     return "array<i64" + (": " + ", ".join(map(str, values)) if values else "") + ">"
+
+
+def parse_scalar(text: str) -> int | bool:
+    """An integer or boolean attribute (`3 : i64`, `true`), as the IR keeps it."""
+    value = text.split(":")[0].strip()
+    if value in ("true", "false"):
+        return value == "true"
+    return int(value)

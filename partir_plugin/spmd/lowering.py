@@ -18,7 +18,7 @@ from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
 from ..core.windows import WINDOWED_OPS
-from ..ir.attributes import i64_array, parse_i64_array
+from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.importer import INTERLEAVE_OP, ROLL_OP
 from ..ir.printer import print_func
@@ -609,17 +609,8 @@ class _Lowering:
         if vocab_axes:
             operands = [operands[0], self._local_ids(op, operands[0], operands[1], k,
                                                      vocab_axes)]
-        if op.name == INTERLEAVE_OP:
-            axes = tuple(a for a, e in nest if e.operands[0] == 0)
-            results = [lower_interleave(
-                self.em, operands[0], int(op.attributes["repeats"].split(":")[0]),
-                int(op.attributes["stages"].split(":")[0]),
-                op.attributes["inverse"].strip() == "true", axes)]
-        elif op.name == ROLL_OP:
-            dim = int(op.attributes["axis"].split(":")[0])
-            axes = tuple(a for a, e in nest if e.operands[0] == dim)
-            results = [lower_roll(self.em, operands[0],
-                                  int(op.attributes["shift"].split(":")[0]), dim, axes)]
+        if op.name in (ROLL_OP, INTERLEAVE_OP):
+            results = [self._lower_marker(op, operands[0], nest)]
         else:
             results = self.em.emit(op.name, operands, result_types, attrs, regions).results
         if vocab_axes:
@@ -632,6 +623,16 @@ class _Lowering:
         if caching:
             self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
                                            [self.local[r] for r in op.results])
+
+    def _lower_marker(self, op: Op, x: Value, nest: tuple) -> Value:
+        """`partir.roll` / `partir.interleave` (markers.py): data movement along one dimension,
+        lowered to collective_permutes between the devices that tile it."""
+        a = {k: parse_scalar(v) for k, v in op.attributes.items()}
+        dim = a.get("axis", 0)
+        axes = tuple(ax for ax, e in nest if e.operands[0] == dim)
+        if op.name == ROLL_OP:
+            return lower_roll(self.em, x, a["shift"], dim, axes)
+        return lower_interleave(self.em, x, a["repeats"], a["stages"], a["inverse"], axes)
 
     def _forwarded_sum(self, op: Op, wanted: list[Layout]) -> tuple:
         """Pending sums a linear op can pass through (`accumulation.LINEAR_OPERANDS`): when
@@ -724,7 +725,7 @@ class _Lowering:
                        ).results[0]
 
     def _offset_iota(self, op: Op, local: Value, layout: Layout) -> Value:
-        dim = int(op.attributes["iota_dimension"].split(":")[0])
+        dim = parse_scalar(op.attributes["iota_dimension"])
         axes = layout.dims[dim]
         if not axes:
             return local
