@@ -69,6 +69,9 @@ class PartitionState:
         self.position = {op: i for i, op in enumerate(partitionable_ops(self.func.ops))}
         self.tags = {**self.func.tags, **self.tags}
         self.aliases = _loop_carried_aliases(self.func)
+        # Each while body's k-th argument -> (the while, k): derived once, shared by copies.
+        self.body_args = {a: (op, k) for op in self.position if op.name == "stablehlo.while"
+                          for k, a in enumerate(op.regions[1].blocks[0].args)}
         self._reported: set[tuple[Op, str]] = set()
 
     def copy(self) -> PartitionState:

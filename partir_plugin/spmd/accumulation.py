@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..core.shardy_rules import is_zero
 from ..core.state import PartitionState
 from ..core.tmr import Sum
-from ..ir.graph import Op, Value, walk
+from ..ir.graph import Op, Value
 
 Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
 
@@ -62,14 +62,9 @@ class PendingSums:
         self.state = state
         self._values: dict[Value, Partial] = {}
         self._carried: dict[tuple[Op, int], Partial] = {}
-        self._body_arg: dict[Value, tuple[Op, int]] = {}
         self.chain: set[Op] = set()  # shape ops on a path to an accumulator
         self._tentative = False  # while deciding an accumulator: shape ops may forward
         self._tentative_values: dict[Value, Partial] = {}  # what was predicted meanwhile
-        for op in walk(state.func.ops):
-            if op.name == "stablehlo.while":
-                for k, a in enumerate(op.regions[1].blocks[0].args):
-                    self._body_arg[a] = (op, k)
 
     def of(self, v: Value) -> Partial:
         """The pending sum `v` will have as lowered."""
@@ -90,7 +85,7 @@ class PendingSums:
     def _predict(self, v: Value) -> Partial:
         op = v.producer
         if op is None:
-            loop = self._body_arg.get(v)
+            loop = self.state.body_args.get(v)
             return self.carried(*loop) if loop is not None else ()
         j = op.results.index(v)
         if op.name == "stablehlo.while":
@@ -142,9 +137,10 @@ class PendingSums:
         arg, returned = body.args[k], body.ops[-1].operands[k]
         update = returned.producer
         if (not is_zero(loop.operands[k]) or update is None or update.name not in _ACCUMULATORS
-                or any(cond.args[k] in o.operands for o in walk(cond.ops))):
+                or self.state.users.get(cond.args[k])):
             return ()
-        readers = [o for o in walk(body.ops) if arg in o.operands]
+        # (Another reader would only cost a reduction per iteration: it converts the sum.)
+        readers = [o for o, _ in self.state.users.get(arg, [])]
         linear = [update.operands[i] for i in linear_operands(update)]
         if readers != [update] or linear.count(arg) != 1 or (
                 update.name == "stablehlo.dynamic_update_slice" and linear[0] is not arg):
