@@ -91,7 +91,8 @@ def _check(shape: PipelineShape, batch: int) -> None:
 
 
 def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
-                   repeats: int = 1, scan: Callable = lax.scan, fill: float = 0.0):
+                   repeats: int = 1, scan: Callable = lax.scan, fill: float = 0.0,
+                   layer: LayerTrace | None = None):
     """`lax.scan(body, carry, xs)` over stacked layers as a GPipe pipeline (`repeats` > 1: the
     circular schedule, stage s holding layer chunks s, s+S, ..., each microbatch passing
     through the stages R times); returns
@@ -103,7 +104,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     while the PP tactic's trace hook replaces it). The stacked layer inputs are tagged
     `LAYERS_TAG`, the stage state `STATE_TAG` (for the tactic to find). `fill` is what the
     stage state and output buffer hold before anything is written (NaN proves that no bubble
-    slot reaches the results).
+    slot reaches the results). `layer`: the body already traced (`LayerTrace.of`).
     """
     carry_leaves = jax.tree.leaves(carry)
     xs_leaves = jax.tree.leaves(xs)
@@ -129,7 +130,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
         mb, M, *c.shape[1:]), 0, 1), MICRO_TAG), carry)
     stage = jnp.arange(S)
 
-    outputs = _layer_outputs(body, carry, xs, scan)
+    outputs = _layer_outputs(body, carry, xs, scan, layer or LayerTrace.of(body, carry, xs))
 
     def run_stage(h, layer_inputs):
         def layer(h, x):
@@ -196,24 +197,42 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     return final, outputs
 
 
-def _layer_outputs(body: Callable, carry, xs, scan: Callable):
+@dataclass(frozen=True)
+class LayerTrace:
+    """One layer of the loop body, traced once: its jaxpr, the output shapes `(carry, ys)`,
+    and the jaxpr variables computed from the carried activations (an equation reading one
+    taints all its outputs)."""
+
+    jaxpr: jex_core.ClosedJaxpr
+    shapes: tuple
+    tainted: frozenset
+
+    @classmethod
+    def of(cls, body: Callable, carry, xs) -> LayerTrace:
+        layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
+        closed, shapes = jax.make_jaxpr(lambda c, x: body(c, x), return_shape=True)(
+            carry, layer)
+        tainted = set(closed.jaxpr.invars[:len(jax.tree.leaves(carry))])
+        for eqn in closed.jaxpr.eqns:
+            if any(v in tainted for v in eqn.invars if not isinstance(v, jex_core.Literal)):
+                tainted.update(eqn.outvars)
+        return cls(closed, shapes, frozenset(tainted))
+
+    def outputs_depend_on_carry(self) -> bool:
+        n_carry = len(jax.tree.leaves(self.shapes[0]))
+        return any(v in self.tainted for v in self.jaxpr.jaxpr.outvars[n_carry:])
+
+
+def _layer_outputs(body: Callable, carry, xs, scan: Callable, layer: LayerTrace):
     """The scan's per-layer outputs `ys`, where the pipeline can give them: none (Flax
     `nn.scan`'s empty tuples come back as they are), or outputs that do not depend on the
     carried activations (`nnx.scan` returns each layer's module state), computed by a plain
     scan over the layers with the carry left at zeros, whose unused activations XLA drops.
     Outputs computed from the activations would have to be pipelined too: refused."""
-    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
-    closed = jax.make_jaxpr(lambda c, x: body(c, x))(carry, layer)
-    outs = jax.eval_shape(lambda c, x: body(c, x), carry, layer)[1]
+    outs = layer.shapes[1]
     if not jax.tree.leaves(outs):
         return outs
-    n_carry, n_carry_out = len(jax.tree.leaves(carry)), len(jax.tree.leaves(
-        jax.eval_shape(lambda c, x: body(c, x)[0], carry, layer)))
-    tainted = set(closed.jaxpr.invars[:n_carry])
-    for eqn in closed.jaxpr.eqns:
-        if any(v in tainted for v in eqn.invars if not isinstance(v, jex_core.Literal)):
-            tainted.update(eqn.outvars)
-    if any(v in tainted for v in closed.jaxpr.outvars[n_carry_out:]):
+    if layer.outputs_depend_on_carry():
         raise PartitionError("PP: the layer loop returns per-layer outputs computed from the "
                              "activations; a pipelined loop supports per-layer outputs that "
                              "depend only on the layers' own inputs (a module's state)")
@@ -230,32 +249,34 @@ _BATCH_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce
                                "cumprod", "cummax", "cummin", "cumlogsumexp"})
 
 
-def batch_coupled_ops(body: Callable, carry, xs, batch: int) -> list[str]:
-    """The reductions in one layer of `body` whose reduced axes include a leading dimension of
-    size `batch` of a value computed from the carry: rows of a microbatch would see only
-    their microbatch (batch norm's statistics). A heuristic: a non-batch dimension of the same
-    size counts too, so it warns, never refuses."""
-    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
-    closed = jax.make_jaxpr(lambda c, x: body(c, x))(carry, layer)
+def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
+    """The reductions in one layer whose reduced axes include a leading dimension of size
+    `batch` of a value computed from the carry: rows of a microbatch would see only their
+    microbatch (batch norm's statistics). A heuristic: a non-batch dimension of the same size
+    counts too, so it warns, never refuses."""
     found: list[str] = []
 
-    def visit(jaxpr, tainted: set) -> None:
-        for eqn in jaxpr.eqns:
-            reads = [v for v in eqn.invars if not isinstance(v, jex_core.Literal)]
-            if not any(v in tainted for v in reads):
+    def visit(eqns, tainted) -> None:
+        for eqn in eqns:
+            if not any(v in tainted for v in eqn.outvars):
                 continue
-            tainted.update(eqn.outvars)
             axes = eqn.params.get("axes", (eqn.params.get("axis"),))
             operand = eqn.invars[0].aval
             if (eqn.primitive.name in _BATCH_REDUCTIONS and getattr(operand, "ndim", 0)
                     and operand.shape[0] == batch and 0 in tuple(axes or ())):
                 found.append(eqn.primitive.name)
-            for sub in jex_core.jaxprs_in_params(eqn.params):
-                visit(sub, set(sub.invars))
+            for sub in jex_core.jaxprs_in_params(eqn.params):  # inside: every value counts
+                visit(sub.eqns, _Everything())
 
-    n_carry = len(jax.tree.leaves(carry))
-    visit(closed.jaxpr, set(closed.jaxpr.invars[:n_carry]))
+    visit(layer.jaxpr.jaxpr.eqns, layer.tainted)
     return sorted(set(found))
+
+
+class _Everything:
+    """A set holding every value (the tainted values inside a tainted call)."""
+
+    def __contains__(self, _) -> bool:
+        return True
 
 
 class _LayerLoopHook:
@@ -290,7 +311,8 @@ class _LayerLoopHook:
                                  **kwargs)
         layers = jax.tree.leaves(xs)[0].shape[0]
         batch = jax.tree.leaves(init)[0].shape[0]
-        coupled = batch_coupled_ops(f, init, xs, batch)
+        layer = LayerTrace.of(f, init, xs)
+        coupled = batch_coupled_ops(layer, batch)
         if coupled:
             warnings.warn(f"{self.tactic.name}: the layer body reduces over the batch "
                           f"dimension ({', '.join(coupled)}): microbatching computes those "
@@ -305,6 +327,7 @@ class _LayerLoopHook:
             return pipelined_scan(f, init, xs, stages=self.stages,
                                   microbatches=self.tactic.microbatches,
                                   repeats=self.tactic.repeats, scan=self.original,
+                                  layer=layer,
                                   fill=float("nan") if self.tactic.poison_bubbles else 0.0)
         finally:
             self.inside = False
