@@ -1,23 +1,14 @@
 """benchmarks/autopart.py end to end on its tiny MLP: a few seconds, nothing written."""
 
 import math
-import sys
-from pathlib import Path
 
+import benchmark_module
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def autopart_bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import autopart  # benchmarks/autopart.py (imports benchmarks/harness.py)
-
-        yield autopart
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return benchmark_module.load("autopart")  # benchmarks/autopart.py
 
 
 def test_tiny_model_end_to_end(autopart_bench, tmp_path):

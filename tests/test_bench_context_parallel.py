@@ -2,18 +2,12 @@
 jax.jit's loss, "stop" records conflicts and gathers more, "redistribute" resolves every
 conflict; the section it writes has one row per policy."""
 
-import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+import benchmark_module
 
 
 def test_small_model_stop_vs_redistribute(tmp_path):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import context_parallel  # benchmarks/context_parallel.py (imports harness.py)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    context_parallel = benchmark_module.load("context_parallel")
     rows = context_parallel.run(["small"])
     stop, redistribute = ({r.policy: r for r in rows}[p] for p in context_parallel.POLICIES)
     assert stop.conflicts and not stop.resolutions

@@ -2,18 +2,12 @@
 wraps around the pipeline must still see every tactic, the final lowering and the report's
 first read (it relies on names inside `partir_plugin.pipeline`)."""
 
-import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+import benchmark_module
 
 
 def test_breakdown_times_every_phase():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import partition_time  # benchmarks/partition_time.py (imports benchmarks/harness.py)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    partition_time = benchmark_module.load("partition_time")
     size = partition_time.Size(1, False)
     partition_time.breakdown(size)
     tactics = [f"{t} propagate" for t in partition_time.TACTICS]

@@ -1,18 +1,12 @@
 """benchmarks/pipeline.py in one short repetition: every schedule gives jax.jit's loss, the
 pipelined rows report their bubble and permutes, and the T32 estimate has its three rows."""
 
-import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+import benchmark_module
 
 
 def test_pipeline_benchmark_writes_its_section(tmp_path):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import pipeline  # benchmarks/pipeline.py (imports harness.py)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    pipeline = benchmark_module.load("pipeline")
     out = tmp_path / "BENCHMARKS.md"
     assert pipeline.main(["--reps", "1", "--steps", "1", "--output", str(out)]) == 0
     text = out.read_text()

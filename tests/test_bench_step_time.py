@@ -4,9 +4,8 @@ scanned (its layers as one `lax.scan`). With SGD: AdamW turns rounding noise in 
 gradients into learning-rate-sized steps (benchmarks/external_models.py says the same)."""
 
 import dataclasses
-import sys
-from pathlib import Path
 
+import benchmark_module
 import jax
 import numpy as np
 import optax
@@ -15,10 +14,7 @@ import pytest
 import partir_plugin as partir
 from partir_plugin.models import megatron
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import decoder_lm  # noqa: E402
-
-sys.path.pop(0)
+decoder_lm = benchmark_module.load("decoder_lm")
 
 
 @pytest.mark.parametrize("scan", [False, True])

@@ -228,15 +228,9 @@ def test_nnx_scan_layers_are_pipelined():
     """Flax NNX: blocks made with `nnx.vmap`, run with `nnx.scan`, whose per-layer outputs (each
     block's state) the pipelined loop returns as the scan does; jax.jit's numbers after an
     SGD step, the stacked kernels on their stages."""
-    import sys
-    from pathlib import Path
+    import benchmark_module
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    try:
-        import external_models
-    finally:
-        sys.path.pop(0)
-    program = external_models.flax_nnx_scan()  # 3 blocks, batch 16
+    program = benchmark_module.load("external_models").flax_nnx_scan()  # 3 blocks, batch 16
     args = (program.params, program.opt_state, program.batch)
     fn, meta = partir.jit(program.train_step, {"stage": 3},
                           [partir.tactic("PP", axis="stage", microbatches=4)])

@@ -2,24 +2,17 @@
 written before autodiff over a `stage` axis gives jax.jit's loss and gradients on 8 CPU
 devices, its NaN-poisoned bubble slots leak nothing, and its bubble is the closed form."""
 
-import sys
 from functools import partial
-from pathlib import Path
 
+import benchmark_module
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 def test_gpipe_prototype_matches_jit():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import pipeline_prototype as pp  # imports benchmarks/harness.py
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    pp = benchmark_module.load("pipeline_prototype")
     params, x, y = pp.init(jax.random.key(0), 16)
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(pp.reference_loss))(params, x, y)
     mesh = jax.make_mesh((4, 2), ("stage", "data"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
