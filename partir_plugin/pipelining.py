@@ -335,7 +335,8 @@ class _LayerLoopHook:
 
 @dataclass
 class PipelineParallel:
-    """PP: pipeline the step's layer loop over the mesh axis `axis` (GPipe).
+    """PP: pipeline the step's layer loop over the mesh axis `axis` (GPipe, or the circular
+    schedule with `repeats` passes).
 
     While `partir_plugin.jit` traces the step, the loop over stacked layers (a `lax.scan`,
     as Flax `nn.scan` and `nnx.scan` write it) runs as `pipelined_scan` with S = the axis size
