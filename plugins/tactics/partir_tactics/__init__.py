@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from partir_plugin import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition, hookimpl
-from partir_plugin.extend import PipelineParallel
+from partir_plugin.extend import PipelineParallel, Regather
 
 
 def batch_parallel(axis: str = "batch", inputs: Sequence[str] = ("batch",), dim: int = 0,
@@ -39,15 +39,18 @@ def zero2(axis: str = "batch", params: str = "params", opt_state: str = "opt_sta
 
 
 def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
-          regather: bool = False, name: str = "Z3") -> ManualPartition:
+          regather: bool | str = "vectors", name: str = "Z3") -> ManualPartition:
     """Z3 (FSDP): shard parameters and optimizer state on `axis` (each on its first dimension
     that divides, major first); parameters are gathered before use and their gradients
-    reduce-scattered. `regather=True` (FSDP's reshard-after-forward, and what jax.jit's
-    partitioner does) gathers a parameter afresh for each use, so the backward pass gathers
-    it again instead of the forward's copy staying alive until then: one more all_gather per
-    parameter for a smaller peak. `regather=False` keeps one gathered copy per step."""
+    reduce-scattered. `regather` says which parameters are gathered afresh for each use, so
+    the backward pass gathers them again instead of keeping the forward's copy alive:
+    "vectors" (the default: norm scales and biases, as jax.jit's partitioner does; it saves
+    XLA a `[batch, seq, d]` broadcast buffer per norm), True / "all" (FSDP's
+    reshard-after-forward: one more all_gather per parameter), False / "none" (one gathered
+    copy per step)."""
+    policy = {True: Regather.ALL, False: Regather.NONE}.get(regather, regather)
     return ManualPartition({params: FIRST_DIVISIBLE_DIM, opt_state: FIRST_DIVISIBLE_DIM},
-                           axis=axis, name=name, regather=(params,) if regather else ())
+                           axis=axis, name=name, regather={params: Regather(policy)})
 
 
 def embedding(axis: str = "model", params: str = "params", match: str = "embedding",
