@@ -57,7 +57,9 @@ def test_tiled_height_convolution_exchanges_halos(window, stride, height):
 def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
     """A 3x3 SAME max-pool over strictly negative inputs: a zero halo at the image border
     would win every border window. The forward pool exchanges halos (no all_gather); its
-    gradient (select_and_scatter on a padded operand) gives jax.jit's numbers too."""
+    gradient (jax pads the image with -inf and runs select_and_scatter on it, which have no
+    halo rule) gathers the height with a warning naming both ops, and gives jax.jit's
+    numbers."""
     def pool(img):
         return jax.lax.reduce_window(img, -jnp.inf, jax.lax.max, (1, 3, 3, 1),
                                      (1, stride, stride, 1), "SAME")
@@ -72,7 +74,12 @@ def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
     assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 1, compiled
 
     step = jax.value_and_grad(lambda img: (pool(img) ** 2).sum())
-    _check_against_jax_jit(step, (img,), TILE_H, MESH)
+    with pytest.warns(HaloWarning) as record:
+        _check_against_jax_jit(step, (img,), TILE_H, MESH)
+    messages = [str(w.message) for w in record if w.category is HaloWarning]
+    for op in ("stablehlo.pad", "stablehlo.select_and_scatter"):
+        assert any(m.startswith(op) and "test_halo.py" in m and "no halo rule" in m
+                   for m in messages), messages
 
 
 def test_halo_wider_than_a_tile_warns_and_gathers():

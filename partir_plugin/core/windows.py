@@ -161,6 +161,10 @@ def _reduce_window_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int
 
 
 WINDOWED_OPS = frozenset({"stablehlo.convolution", "stablehlo.reduce_window"})
+# Ops that read neighbouring rows along a dimension but have no halo entry: tiling such a
+# dimension gathers it, which the lowering reports (a max-pool's gradient is a pad and a
+# select_and_scatter).
+UNHALOED_OPS = frozenset({"stablehlo.pad", "stablehlo.select_and_scatter"})
 
 
 def windowed_dims(op: Op) -> dict[int, list[int]]:
@@ -172,14 +176,20 @@ def windowed_dims(op: Op) -> dict[int, list[int]]:
             return {}
         lhs = [x.strip() for x in m.group(1).split(",")]
         return {0: [d for d, c in enumerate(lhs) if c.isdigit()]}
-    if op.name == "stablehlo.reduce_window":
+    if op.name in ("stablehlo.reduce_window", "stablehlo.select_and_scatter"):
         rank = op.operands[0].type.rank
         window, strides, base = (_ints(op, k, rank) for k in
                                  ("window_dimensions", "window_strides", "base_dilations"))
         pads = parse_padding(op.attributes.get("padding", ""), rank)
         dims = [d for d in range(rank)
                 if (window[d], strides[d], base[d], pads[d]) != (1, 1, 1, [0, 0])]
-        return dict.fromkeys(range(len(op.operands) // 2), dims)
+        inputs = 2 if op.name == "stablehlo.select_and_scatter" else len(op.operands) // 2
+        return dict.fromkeys(range(inputs), dims)
+    if op.name == "stablehlo.pad":
+        rank = op.operands[0].type.rank
+        edges = [parse_i64_array(op.attributes.get(k, "")) or [0] * rank
+                 for k in ("edge_padding_low", "edge_padding_high", "interior_padding")]
+        return {0: [d for d in range(rank) if any(e[d] for e in edges)]}
     return {}
 
 
@@ -187,6 +197,10 @@ def no_halo_reason(op: Op, dim: int) -> str:
     """Why input dimension `dim` of a windowed op has no usable halo entry, for messages."""
     if op.name == "stablehlo.convolution" and "true" in op.attributes.get("window_reversal", ""):
         return "its window is reversed"
+    if op.name == "stablehlo.pad":
+        return "padding shifts the rows of every tile (no halo rule for pad)"
+    if op.name == "stablehlo.select_and_scatter":
+        return "select_and_scatter (a max-pool's gradient) has no halo rule"
     found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)
     halo = next((h for _, _, h in found if h.dim == dim), None)
     if halo is None:

@@ -49,7 +49,7 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
     and `wanted` are the inputs' layouts as produced and as the op's nest slices them: a
     window dimension that arrives tiled and is not sliced is being gathered, which is
     reported (a HaloWarning) with the reason no halo entry applied."""
-    _warn_gathered(op, have, wanted)
+    warn_gathered(op, have, wanted)
     if not any(isinstance(e, HaloEntry) for _, e in nest):
         return operands
     operands = list(operands)
@@ -77,7 +77,8 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
     return operands
 
 
-def _warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:
+def warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:
+    """A HaloWarning for each window dimension of `op` that arrives tiled and is gathered."""
     for i, dims in windowed_dims(op).items():
         for d in dims:
             gathered = [a for a in have[i].dims[d] if a not in wanted[i].dims[d]]

@@ -17,7 +17,7 @@ from ..core.gather import lookup_dim, offset_dims, scatter_dim, update_window_di
 from ..core.mesh import Mesh
 from ..core.state import PartitionState
 from ..core.tmr import Sum
-from ..core.windows import WINDOWED_OPS
+from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.importer import INTERLEAVE_OP, ROLL_OP
@@ -25,7 +25,7 @@ from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .accumulation import PendingSums, linear_operands
 from .collectives import Collective, count_collectives, mark
-from .halo import extend_operands
+from .halo import extend_operands, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
 from .provenance import Conversion, mark_origin
@@ -642,6 +642,8 @@ class _Lowering:
         if op.name in WINDOWED_OPS:
             operands = extend_operands(self.em, op, nest, operands, attrs,
                                        [self.local[v][1] for v in op.inputs], wanted)
+        elif op.name in UNHALOED_OPS:
+            warn_gathered(op, [self.local[v][1] for v in op.inputs], wanted)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
