@@ -230,6 +230,9 @@ def test_z3_on_cpu_all_reduces_then_slices_and_can_regather():
         _assert_trees_close(step(params, opt_state, batch), want)
         counts[regather] = meta.tactics[-1].collectives
         assert counts[regather]["reduce_scatter"] == 0
+        # The report says where the paper's reduce_scatters went.
+        assert [note for note in meta.tactics[-1].notes
+                if note.startswith(f"{n} sums are all-reduced and sliced")], meta.tactics[-1]
         compiled = hlo_collective_counts(step.lower(params, opt_state, batch).compile().as_text())
         assert compiled["reduce_scatter"] == 0
     # Every parameter is gathered once without regather; a kernel used by the forward and the
@@ -243,4 +246,5 @@ def test_z3_on_cpu_all_reduces_then_slices_and_can_regather():
     step.lower(params, opt_state, batch)
     scattered = meta.tactics[-1].collectives
     assert scattered["reduce_scatter"] == n
+    assert not any("all-reduced and sliced" in note for note in meta.tactics[-1].notes)
     assert scattered["all_reduce"] + n == counts[False]["all_reduce"]

@@ -76,3 +76,11 @@ def count_collectives(ops) -> dict[str, int]:
         if kind in counts:
             counts[kind] += 1
     return counts
+
+
+def sliced_all_reduces(ops) -> int:
+    """All_reduces whose result is only sliced onto a shard (`all_slice`): a reduce_scatter
+    the lowering wrote as all_reduce + slice (`PartitionState.scatter_sums` off)."""
+    reduced = {op.results[0] for op in ops if collective_kind(op) is Collective.ALL_REDUCE}
+    return len({op.operands[0] for op in ops
+                if collective_kind(op) is Collective.ALL_SLICE and op.operands[0] in reduced})
