@@ -224,7 +224,7 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
                         [str(c) for c in state.conflicts], dict(state.unsupported),
                         list(actions or []), search, sites=sites,
                         resolutions=[str(r) for r in state.resolutions],
-                        notes=list(state.notes),
+                        notes=[*state.notes, *map(str, program.boundary_drops)],
                         timeline=result.timeline if result is not None else [])
 
 
