@@ -26,9 +26,11 @@ class BoundaryDrop:
     boundary: Layout
 
     def __str__(self) -> str:
-        return (f"{self.what} is tiled {self.inside} inside the program on sub-axes "
-                f"{', '.join(self.axes)}, which no sharding can name: it is "
-                f"{self.boundary} at the boundary (sliced locally on entry, gathered on exit)")
+        how = ("arrives so and is sliced locally" if self.what.startswith("argument")
+               else "is gathered to it before it is returned")
+        return (f"{self.what} is tiled {self.inside} inside the program, on sub-axes "
+                f"{', '.join(self.axes)} that no sharding can name: its sharding is "
+                f"{self.boundary.spec()} ({how})")
 
 
 def at_boundary(layout: Layout, mesh: Mesh) -> tuple[Layout, tuple[str, ...]]:
