@@ -265,3 +265,26 @@ def test_gqa_gradient_gathers_no_activation():
     notes = meta.tactics[-1].notes
     assert any(n.startswith("result 1") for n in notes)  # d wk
     assert meta.out_shardings[0].spec == jax.sharding.PartitionSpec(None, "model")  # d wq
+
+
+# -- the redistribution planner names sub-axes by their prime factors ------------------------
+
+def test_planner_moves_sub_axes():
+    """`model:(1)4` is the planner's `(model/0, model/1)`, `model:(4)2` its `(model/2)`: a
+    plan between specs naming sub-axes is found and emulated exactly."""
+    from jax.sharding import PartitionSpec as P
+
+    from partir_plugin.spmd.redistribution import plan_redistribution
+    from partir_plugin.spmd.redistribution.emulate import verify
+
+    plan = plan_redistribution({"model": 8}, (4, 64), "f32",
+                               P("model:(1)4", "model:(4)2"), P(None, "model"))
+    assert [type(s).__name__ for s in plan.steps][0] == "AllToAll"
+    verify(plan)
+    verify(plan_redistribution({"b": 2, "model": 8}, (8, 64), "f32",
+                               P("model:(1)4", ("b", "model:(4)2")), P("b", "model")))
+    verify(plan_redistribution({"m": 6}, (6, 6), "f32", P("m:(1)2", "m:(2)3"), P("m")))
+    with pytest.raises(PartitionError, match="cuts a prime factor"):
+        plan_redistribution({"m": 6}, (6, 6), "f32", P("m:(1)3", "m:(3)2"), P("m"))
+    with pytest.raises(PartitionError, match="used"):
+        plan_redistribution({"m": 8}, (8, 8), "f32", P("m", "m:(4)2"), P("m"))
