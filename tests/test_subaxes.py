@@ -4,18 +4,21 @@ Every program is compared with the unpartitioned `jax.jit(fn)`, values and gradi
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_jit import hlo_collective_counts
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.core.subaxis import SubAxis, parse
 from partir_plugin.errors import PartitionError
-from test_jit import hlo_collective_counts
 
 
 def _check(fn, args, schedule, mesh, *, rtol=1e-5, atol=1e-5):
@@ -288,3 +291,45 @@ def test_planner_moves_sub_axes():
         plan_redistribution({"m": 6}, (6, 6), "f32", P("m:(1)3", "m:(3)2"), P("m"))
     with pytest.raises(PartitionError, match="used"):
         plan_redistribution({"m": 8}, (8, 8), "f32", P("m", "m:(4)2"), P("m"))
+
+
+def test_a_sub_axis_collective_runs_on_its_parents_link():
+    from partir_plugin.simulation import resolve_hardware
+
+    spec = resolve_hardware(None)
+    spec = spec.with_axis_links({"hosts": min(spec.links, key=lambda n: spec.links[
+        n].bandwidth_bytes_per_s)})
+    assert spec.link_for_axes(["hosts:(1)2"]) == spec.link_for_axes(["hosts"])
+
+
+# -- random reshapes across a tiled dimension -----------------------------------------------
+
+@settings(max_examples=int(os.environ.get("PARTIR_SUBAXIS_EXAMPLES", "24")), deadline=None,
+          derandomize=True, suppress_health_check=list(HealthCheck))
+@given(n=st.sampled_from([2, 4, 8]), width=st.sampled_from([8, 16, 32, 64]),
+       major=st.sampled_from([2, 4, 8]), reduce_minor=st.booleans(), merge=st.booleans(),
+       grad=st.booleans())
+def test_random_split_reshapes_match_jit(n, width, major, reduce_minor, merge, grad):
+    """`[3, width]` tiled `n` ways on dimension 1, reshaped to `[3, major, width // major]`,
+    a per-group op (and maybe a reduction over the minor factor), and maybe merged back:
+    jax.jit's numbers, values or gradients. Where the axis divides the factors exactly
+    (the major factor and the axis divide one another, the rest divides the minor factor)
+    and the result is merged back, nothing is gathered."""
+    if width % major or width // major < 2 or width % n:
+        return
+    minor = width // major
+
+    def f(x):
+        y = x.reshape(3, major, minor)
+        y = jnp.sin(y) * jnp.arange(1.0, major + 1.0)[:, None]
+        if reduce_minor:
+            return jnp.sum(y, axis=-1)
+        return y.reshape(3, width) if merge else y
+
+    fn = (lambda x: jax.grad(lambda x: jnp.sum(jnp.cos(f(x))))(x)) if grad else f
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(n * width + major), (3, width)))
+    meta, _ = _check(fn, (x,), [partir.ManualPartition({"x": 1}, axis="m")],
+                     {"m": n, "o": 8 // n}, rtol=1e-4, atol=1e-5)
+    fits = (major % n == 0) or (n % major == 0 and minor % (n // major) == 0)
+    if fits and (merge or grad) and not reduce_minor:
+        assert meta.tactics[-1].collectives["all_gather"] == 0
