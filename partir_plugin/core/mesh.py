@@ -85,7 +85,11 @@ class Mesh:
     def overlaps(self, a: str, b: str) -> bool:
         """Do axes `a` and `b` share devices' coordinate digits (the same axis, or an axis
         and one of its sub-axes)?"""
-        return a == b or self.sub_axis(a).overlaps(self.sub_axis(b))
+        if a == b:
+            return True
+        if ":" not in a and ":" not in b:  # two mesh axes (propagation asks this a lot)
+            return False
+        return self.sub_axis(a).overlaps(self.sub_axis(b))
 
     def split(self, axis: str, major_size: int) -> tuple[str, str]:
         """`axis` split row-major into a major sub-axis of `major_size` and the minor rest."""

@@ -165,10 +165,13 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
     """
     mesh = state.mesh
     index = {a: i for i, a in enumerate(mesh.names)}
+    ranks: dict[str, tuple[int, int, int]] = {}
 
     def rank(axis: str) -> tuple[int, int, int]:
-        sub = mesh.sub_axis(axis)  # a sub-axis right after its parent, major parts first
-        return index[sub.parent], sub.pre, -sub.size
+        if axis not in ranks:  # a sub-axis right after its parent, major parts first
+            sub = mesh.sub_axis(axis)
+            ranks[axis] = (index[sub.parent], sub.pre, -sub.size)
+        return ranks[axis]
 
     axes = [*mesh.names, *state.sub_axes()]
     position = state.position
@@ -183,7 +186,7 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
         _, _, op, axis = heapq.heappop(queue)
         queued.discard((op, axis))
         changed = _step(state, op, axis)
-        if len(axes) != len(mesh.names) + len(state.sub_axes()):
+        if len(axes) != len(mesh.names) + state.sub_axis_count:
             axes = [*mesh.names, *state.sub_axes()]  # a split made new sub-axes
         for v in changed:
             # The axis, or the parts of it a split tiled `v` on (or the axis they fold to).

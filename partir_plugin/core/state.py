@@ -128,6 +128,10 @@ class PartitionState:
         """The sub-axes some value or loop uses, in the order they appeared."""
         return list(self._sub_axes)
 
+    @property
+    def sub_axis_count(self) -> int:
+        return len(self._sub_axes)
+
     def local_extent(self, v: Value, dim: int) -> int:
         """Size of `dim` of `v` after its current tiling."""
         size = v.type.shape[dim]
