@@ -333,3 +333,27 @@ def test_random_split_reshapes_match_jit(n, width, major, reduce_minor, merge, g
     fits = (major % n == 0) or (n % major == 0 and minor % (n // major) == 0)
     if fits and (merge or grad) and not reduce_minor:
         assert meta.tactics[-1].collectives["all_gather"] == 0
+
+
+def test_gqa_under_the_megatron_preset():
+    """The same with the plugin's presets on a params dict: BP on the batch, MP with a
+    Megatron rule (query projection on its columns, output projection on its rows; the key
+    and value projections left to propagation). Loss and gradients match; query heads stay
+    partitioned; nothing but the key/value projections' gradients is gathered."""
+    def megatron(path: str, shape: tuple) -> int | None:
+        return {"wq": 1, "wo": 0}.get(path)
+
+    def step(params, x):
+        return jax.value_and_grad(
+            lambda p: jnp.sum(_gqa(x, p["wq"], p["wk"], p["wv"], p["wo"]) ** 2))(params)
+
+    x, wq, wk, wv, wo = GQA_ARGS
+    params = {"wq": wq, "wk": wk, "wv": wv, "wo": wo}
+    meta, hlo = _check(step, (params, x),
+                       [partir.tactic("BP", axis="batch", inputs=("x",)),
+                        partir.tactic("MP", megatron, axis="model")],
+                       {"batch": 2, "model": 4}, rtol=2e-4, atol=2e-5)
+    assert "tensor<2x8x1x2x16xf32>" in meta.device_local_stablehlo
+    gathered = re.findall(r"= f32\[([\d,]+)\][^ ]* all-gather(?:-start)?\(", hlo)
+    assert all(s == f"{D},{KV * HD}" for s in gathered), gathered
+    assert meta.tactics[-1].collectives["all_to_all"] == 0
