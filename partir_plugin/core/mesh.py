@@ -80,6 +80,7 @@ class Mesh:
         return (replica // self.stride(axis)) % self.axis_size(axis)
 
     def coords(self, replica: int) -> dict[str, int]:
+        """Coordinates of device `replica` along the mesh axes (`coord` for a sub-axis)."""
         return dict(_coords(self)[replica])
 
     def overlaps(self, a: str, b: str) -> bool:
