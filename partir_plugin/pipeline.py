@@ -225,7 +225,8 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
                         [str(c) for c in state.conflicts], dict(state.unsupported),
                         list(actions or []), search, sites=sites,
                         resolutions=[str(r) for r in state.resolutions],
-                        notes=list(state.notes) + _sum_notes(program, state),
+                        notes=[*state.notes, *map(str, program.boundary_drops),
+                               *_sum_notes(program, state)],
                         timeline=result.timeline if result is not None else [])
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .core.mesh import Mesh
+from .core.subaxis import parent_of
 from .errors import UnknownNameError
 
 
@@ -109,8 +110,10 @@ class HardwareSpec:
         return nbytes / (self.memory_bandwidth_bytes_per_s * self.memory_efficiency)
 
     def link_for_axes(self, axes) -> LinkClass:
-        """The link a collective over `axes` is limited by: the slowest of the axes' links."""
-        names = {self.axis_links.get(a, self.default_link) for a in axes} or {self.default_link}
+        """The link a collective over `axes` is limited by: the slowest of the axes' links (a
+        sub-axis, `model:(1)4`, runs on its parent's link)."""
+        names = ({self.axis_links.get(parent_of(a), self.default_link) for a in axes}
+                 or {self.default_link})
         links = [self.links[n] for n in sorted(names)]
         return min(links, key=lambda link: (link.bandwidth_bytes_per_s, -link.latency_s))
 

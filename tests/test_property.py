@@ -3,10 +3,12 @@ mesh {"a": 4, "b": 2} give `jax.jit`'s numbers.
 
 A program is a `Recipe`: argument shapes and a list of op specs (elementwise unary and binary
 ops, dot_general with or without a batch dimension, reduce add/max/min, transpose,
-broadcast_in_dim, reshape split/merge; less often iota, slice, pad, concatenate, reverse; and
-ops that index, window or loop: gather and scatter at constant indices (add with repeats, set),
-1-D convolution (stride, SAME/VALID, window dilation), reduce_window pooling, cumsum,
-`partir_plugin.roll`, a while loop reading an outer value and a scan over a stacked weight).
+broadcast_in_dim, reshape split/merge (often of an argument, with a major factor smaller than
+an axis that may tile the dimension: the axis is split into sub-axes); less often iota, slice,
+pad, concatenate, reverse; and ops that index, window or loop: gather and scatter at constant
+indices (add with repeats, set), 1-D convolution (stride, SAME/VALID, window dilation),
+reduce_window pooling, cumsum, `partir_plugin.roll`, a while loop reading an outer value and a
+scan over a stacked weight).
 Dimensions are powers of two, one in five uneven (12 or 37: no axis, or not every axis,
 divides them). Result shapes come from jax's own shape rules (`result_shape`). `build` turns
 a recipe into a Python function, so hypothesis shrinks a failure to a small recipe. One
@@ -231,7 +233,8 @@ def recipes(draw) -> Recipe:
     n_ops = draw(st.integers(1, 6))
     for _ in range(n_ops):
         kind = draw(st.sampled_from(["unary", "binary", "dot", "reduce", "transpose",
-                                     "broadcast", "reshape", "reshape", "other", "indexed"]))
+                                     "broadcast", "reshape", "reshape", "reshape", "other",
+                                     "indexed"]))
         spec, out_shape = None, None
         if kind == "indexed":  # gather, scatter, convolution, pooling, cumsum, while loop
             spec = draw_indexed(draw(st.sampled_from(
@@ -326,12 +329,16 @@ def recipes(draw) -> Recipe:
                 out[d] = s
             spec, out_shape = ("broadcast", x, tuple(out), dims), tuple(out)
         else:  # reshape: split one dimension in two, or merge two neighbours
-            x = pick()
+            # Half the time an argument, which the schedule may tile: a reshape across a
+            # tiled dimension.
+            args_refs = [r for r in shapes if r[0] == "a"]
+            x = pick() if draw(st.booleans()) else draw(st.sampled_from(args_refs))
             xs = list(shapes[x])
             splittable = [d for d, s in enumerate(xs) if s >= 4 and s % 2 == 0]
             if len(xs) < MAX_RANK and splittable and (len(xs) == 1 or draw(st.booleans())):
                 d = draw(st.sampled_from(splittable))
-                majors = [f for f in (2, 4, 8) if xs[d] % f == 0 and xs[d] // f >= 2]
+                # A major factor of 2 under an axis of 4 splits the axis into sub-axes.
+                majors = [f for f in (2, 2, 4, 8) if xs[d] % f == 0 and xs[d] // f >= 2]
                 if not majors:
                     continue
                 major = draw(st.sampled_from(majors))

@@ -10,6 +10,7 @@ import heapq
 
 from ..ir.graph import PARTITIONED_REGIONS, TERMINATORS, Op, Value, partitionable_ops
 from .resolution import resolve
+from .splitting import Piece, split_loops
 from .state import PartitionState
 from .tmr import Sum, TMREntry
 
@@ -61,6 +62,8 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
         existing = state.dim_of(r, axis)
         if existing is not None and existing != action:
             return False
+        if state.overlapping(r, axis) is not None:
+            return False
     return True
 
 
@@ -98,6 +101,9 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
         candidates = [e for e, ok_all, _ in scored if ok_all and _fits(state, op, axis, e)]
         partial = [e for e, ok_all, ok_any in scored if ok_any and not ok_all]
         if not candidates:
+            pieces = split_loops(state, op, axis)
+            if pieces is not None:
+                return _split(state, op, pieces)
             if len(partial) <= 1:
                 return []
             resolved = resolve(state, op, axis, partial)
@@ -129,6 +135,20 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     return changed
 
 
+def _split(state: PartitionState, op: Op, pieces: list[Piece]) -> list[Value]:
+    """Loop `op` over the parts of an axis (`splitting.py`), slicing the inputs that lack them."""
+    changed: list[Value] = []
+    for p in pieces:
+        for v, d in zip(op.inputs, p.entry.operands):
+            if d is not None:
+                changed += state.tile_value(v, d, p.axis)
+    for p in pieces:
+        changed += state.add_loop(op, p.axis, p.entry)
+    changed.extend(v for v, d in zip(op.inputs, pieces[0].entry.operands)
+                   if d is not None and v not in changed)
+    return changed
+
+
 def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
     """Run propagation to a fixed point over every mesh axis.
 
@@ -143,25 +163,39 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
     extents shrink), which matters only where it stopped at a conflict between several
     entries: those (op, axis) pairs are woken too.
     """
-    axes = state.mesh.names
-    rank = {a: i for i, a in enumerate(axes)}
+    mesh = state.mesh
+    index = {a: i for i, a in enumerate(mesh.names)}
+    ranks: dict[str, tuple[int, int, int]] = {}
+
+    def rank(axis: str) -> tuple[int, int, int]:
+        if axis not in ranks:  # a sub-axis right after its parent, major parts first
+            sub = mesh.sub_axis(axis)
+            ranks[axis] = (index[sub.parent], sub.pre, -sub.size)
+        return ranks[axis]
+
+    axes = [*mesh.names, *state.sub_axes()]
     position = state.position
     if seeds is None:
         ops = partitionable_ops(state.func.ops)
     else:
         ops = [n for v in seeds for n in _neighbours(state, v)]
-    queue = [(position[op], rank[axis], op, axis) for op in ops for axis in axes]
+    queue = [(position[op], rank(axis), op, axis) for op in ops for axis in axes]
     heapq.heapify(queue)
     queued = {(op, axis) for _, _, op, axis in queue}
     while queue:
         _, _, op, axis = heapq.heappop(queue)
         queued.discard((op, axis))
-        for v in _step(state, op, axis):
+        changed = _step(state, op, axis)
+        if len(axes) != len(mesh.names) + state.sub_axis_count:
+            axes = [*mesh.names, *state.sub_axes()]  # a split made new sub-axes
+        for v in changed:
+            # The axis, or the parts of it a split tiled `v` on (or the axis they fold to).
+            woken = {axis, *(a for a, _ in state.tiles_of(v) if mesh.overlaps(a, axis))}
             for n in _neighbours(state, v):
                 for a in axes:
-                    if (a == axis or state.stopped_at(n, a)) and (n, a) not in queued:
+                    if (a in woken or state.stopped_at(n, a)) and (n, a) not in queued:
                         queued.add((n, a))
-                        heapq.heappush(queue, (position[n], rank[a], n, a))
+                        heapq.heappush(queue, (position[n], rank(a), n, a))
 
 
 def _neighbours(state: PartitionState, v: Value) -> list[Op]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import PartitionError
 from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
 from .mesh import Mesh
+from .subaxis import is_sub_axis, parent_of
 from .tmr import Sum, TileMappingRegistry, TMREntry
 
 
@@ -73,6 +74,7 @@ class PartitionState:
         self.body_args = {a: (op, k) for op in self.position if op.name == "stablehlo.while"
                           for k, a in enumerate(op.regions[1].blocks[0].args)}
         self._reported: set[tuple[Op, str]] = set()
+        self._sub_axes: list[str] = []
 
     def copy(self) -> PartitionState:
         """An independent copy for trying actions (searchers): the decision containers and their
@@ -90,6 +92,7 @@ class PartitionState:
         new.regather = set(self.regather)
         new.resolved = set(self.resolved)
         new._reported = set(self._reported)
+        new._sub_axes = list(self._sub_axes)
         return new
 
     # -- queries ------------------------------------------------------------------------
@@ -109,8 +112,25 @@ class PartitionState:
         return {a for a, _ in self.nest_of(op)}
 
     def in_loop(self, op: Op, axis: str) -> bool:
-        """Is `op` already inside a loop over `axis`?"""
-        return any(a == axis for a, _ in self.nests.get(op, ()))
+        """Is `op` already inside a loop over `axis`, or over a part of it or an axis it is a
+        part of (sub-axes, `core/subaxis.py`)?"""
+        return any(self.mesh.overlaps(a, axis) for a, _ in self.nests.get(op, ()))
+
+    def overlapping(self, v: Value, axis: str) -> str | None:
+        """Another axis tiling `v` that shares devices with `axis` (`model` and
+        `model:(1)4`): `v` cannot be tiled on `axis` too."""
+        for a, _ in self.tiles_of(v):
+            if a != axis and self.mesh.overlaps(a, axis):
+                return a
+        return None
+
+    def sub_axes(self) -> list[str]:
+        """The sub-axes some value or loop uses, in the order they appeared."""
+        return list(self._sub_axes)
+
+    @property
+    def sub_axis_count(self) -> int:
+        return len(self._sub_axes)
 
     def local_extent(self, v: Value, dim: int) -> int:
         """Size of `dim` of `v` after its current tiling."""
@@ -132,6 +152,9 @@ class PartitionState:
     # -- actions ------------------------------------------------------------------------
     def can_tile(self, v: Value, dim: int, axis: str) -> str | None:
         """Why `v` cannot be tiled on (dim, axis), or None if it can."""
+        reason = self._sub_axis_conflict(v, axis)
+        if reason is not None:
+            return reason
         if any((m, axis) in self.atomic for m in self.aliases.get(v, (v,))):
             return f"it is atomic (kept replicated) on axis {axis!r}"
         if not v.type.is_tensor or dim >= v.type.rank or dim < 0:
@@ -146,15 +169,46 @@ class PartitionState:
                     f"not divisible by axis {axis!r} of size {size}")
         return None
 
+    def _sub_axis_conflict(self, v: Value, axis: str) -> str | None:
+        """Why `v` cannot be tiled on `axis` for an axis it already uses in part or whole,
+        or an atomic parent axis (atomic on `model` keeps every part of `model` out)."""
+        parent = parent_of(axis)
+        if parent != axis and any((m, parent) in self.atomic
+                                  for m in self.aliases.get(v, (v,))):
+            return f"it is atomic (kept replicated) on axis {parent!r}"
+        other = self.overlapping(v, axis)
+        if other is not None:
+            return f"it is already tiled on axis {other!r}, which overlaps {axis!r}"
+        return None
+
     def tile_value(self, v: Value, dim: int, axis: str) -> list[Value]:
         """Tile `v` and every value that must share its distribution (a loop-carried value's
-        while operand, body and condition arguments, body result and while result)."""
+        while operand, body and condition arguments, body result and while result).
+
+        A value already tiled on a part of `axis` (or on an axis it is part of) keeps its
+        tiling. Adjacent parts of one axis on a dimension are folded (`Mesh.fold`): a value
+        tiled on `model:(1)4` then `model:(4)2` is tiled on `model`."""
         changed = []
+        if is_sub_axis(axis) and axis not in self._sub_axes:
+            self._sub_axes.append(axis)
         for member in self.aliases.get(v, (v,)):
-            if self.dim_of(member, axis) is None:
-                self.tiling.setdefault(member, []).append((axis, dim))
+            if self.dim_of(member, axis) is None and self.overlapping(member, axis) is None:
+                tiles = self.tiling.setdefault(member, [])
+                tiles.append((axis, dim))
+                if is_sub_axis(axis):
+                    self._fold(tiles, dim)
                 changed.append(member)
         return changed
+
+    def _fold(self, tiles: list[tuple[str, int]], dim: int) -> None:
+        """Merge the parts of one axis that now tile `dim` side by side."""
+        on_dim = [i for i, (_, d) in enumerate(tiles) if d == dim]
+        axes = tuple(tiles[i][0] for i in on_dim)
+        folded = self.mesh.fold(axes)
+        if folded == axes:
+            return
+        kept = [(a, d) for a, d in tiles if d != dim]
+        tiles[:] = kept[: on_dim[0]] + [(a, dim) for a in folded] + kept[on_dim[0]:]
 
     def add_loop(self, op: Op, axis: str, entry: TMREntry) -> list[Value]:
         self.nests.setdefault(op, []).append((axis, entry))

@@ -20,10 +20,15 @@ class Layout:
         return cls(((),) * rank)
 
     @classmethod
-    def from_tiles(cls, rank: int, tiles, partial=()) -> Layout:
+    def from_tiles(cls, rank: int, tiles, partial=(), mesh: Mesh | None = None) -> Layout:
+        """The layout of `(axis, dim)` tiles (outer first). With the `mesh`, adjacent sub-axes
+        of one axis are folded (`Mesh.fold`), so a value tiled on `model` and an op's loops
+        over `model:(1)4` then `model:(4)2` on the same dimension give one layout."""
         dims: list[tuple[str, ...]] = [() for _ in range(rank)]
         for axis, dim in tiles:
             dims[dim] = dims[dim] + (axis,)
+        if mesh is not None:
+            dims = [mesh.fold(d) if len(d) > 1 else d for d in dims]
         return cls(tuple(dims), tuple(partial))
 
     def axes(self) -> set[str]:

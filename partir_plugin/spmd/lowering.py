@@ -24,6 +24,7 @@ from ..ir.importer import INTERLEAVE_OP, ROLL_OP
 from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .accumulation import PendingSums, linear_operands
+from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands, warn_gathered
 from .interleave import lower_interleave
@@ -46,6 +47,8 @@ class SpmdProgram:
     in_layouts: list[Layout]
     out_layouts: list[Layout]
     counts: dict[str, int] = field(default_factory=dict)
+    # Arguments and results whose sub-axes the boundary could not name (`boundary.py`).
+    boundary_drops: list[BoundaryDrop] = field(default_factory=list)
     _text: str | None = field(default=None, repr=False, compare=False)
 
     def text(self) -> str:
@@ -135,10 +138,9 @@ class _Emitter:
         """Per replica, its block index along `axes` (first axis major)."""
         out = []
         for r in range(self.mesh.size):
-            c = self.mesh.coords(r)
             i = 0
             for a in axes:
-                i = i * self.mesh.axis_size(a) + c[a]
+                i = i * self.mesh.axis_size(a) + self.mesh.coord(r, a)
             out.append(i)
         return out
 
@@ -491,7 +493,7 @@ class _Lowering:
         self._regather_memo: dict[Value, bool] = {}
 
     def declared(self, v: Value) -> Layout:
-        return Layout.from_tiles(v.type.rank, self.state.tiles_of(v))
+        return Layout.from_tiles(v.type.rank, self.state.tiles_of(v), mesh=self.mesh)
 
     def use(self, v: Value, want: Layout) -> Value:
         x, have = self.local[v]
@@ -561,9 +563,12 @@ class _Lowering:
 
     def run(self) -> SpmdProgram:
         func = self.state.func
-        in_layouts = []
-        for a in func.args:
-            layout = self.declared(a)
+        in_layouts, drops = [], []
+        for a, name in zip(func.args, _arg_labels(func)):
+            inside = self.declared(a)
+            layout, dropped = at_boundary(inside, self.mesh)
+            if dropped:
+                drops.append(BoundaryDrop(f"argument {name!r}", dropped, inside, layout))
             in_layouts.append(layout)
             local = self.cache.args.get((a, layout)) if self.cache is not None else None
             if local is None:
@@ -578,15 +583,21 @@ class _Lowering:
             self.lower_op(op)
         out_layouts, returns = [], []
         self.consumer = None
-        for v in func.returns:
-            layout = self.local[v][1] if self.as_produced else self.declared(v)
+        for k, v in enumerate(func.returns):
+            if self.as_produced:
+                layout = self.local[v][1]
+            else:
+                inside = self.declared(v)
+                layout, dropped = at_boundary(inside, self.mesh)
+                if dropped:
+                    drops.append(BoundaryDrop(f"result {k}", dropped, inside, layout))
             out_layouts.append(layout)
             returns.append(self.use(v, layout))
         if self.cache is not None:
             self.cache.trim()
         local = Func(func.name, self.body, returns, list(func.arg_names))
         return SpmdProgram(local, self.mesh, in_layouts, out_layouts,
-                           count_collectives(walk(self.body.ops)))
+                           count_collectives(walk(self.body.ops)), drops)
 
     def lower_op(self, op: Op) -> None:
         self.consumer = op
@@ -606,7 +617,7 @@ class _Lowering:
             wanted = []
             for i, v in enumerate(op.inputs):
                 tiles = [(a, e.operands[i]) for a, e in nest if e.operands[i] is not None]
-                wanted.append(Layout.from_tiles(v.type.rank, tiles))
+                wanted.append(Layout.from_tiles(v.type.rank, tiles, mesh=self.mesh))
             if self.cache is not None:
                 self.cache.wanted[(op, nest)] = wanted
         forwarded = self._forwarded_sum(op, wanted)
@@ -632,7 +643,8 @@ class _Lowering:
             tiles = [(a, e.results[j]) for a, e in nest if not isinstance(e.results[j], Sum)]
             partial = [(a, e.results[j].reduction) for a, e in nest
                        if isinstance(e.results[j], Sum)]
-            produced.append(Layout.from_tiles(r.type.rank, tiles, [*forwarded, *partial]))
+            produced.append(Layout.from_tiles(r.type.rank, tiles, [*forwarded, *partial],
+                                              self.mesh))
         operands = inputs[: len(op.operands)]
         env = dict(zip(op.captures, inputs[len(op.operands):]))
         result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
@@ -761,9 +773,10 @@ class _Lowering:
             [(a, e.results[0]) for a, e in nest if not isinstance(e.results[0], Sum)]
             + [(a, k) for a in axes],
             [(a, e.results[0].reduction) for a, e in nest
-             if isinstance(e.results[0], Sum) and a not in axes])
-        local_ids = self.use(ids, Layout.from_tiles(ids.type.rank, kept(1)))
-        local_updates = self.use(updates, Layout.from_tiles(updates.type.rank, kept(2)))
+             if isinstance(e.results[0], Sum) and a not in axes], mesh=self.mesh)
+        local_ids = self.use(ids, Layout.from_tiles(ids.type.rank, kept(1), mesh=self.mesh))
+        local_updates = self.use(updates, Layout.from_tiles(updates.type.rank, kept(2),
+                                                            mesh=self.mesh))
         zeros = self.em.splat(0, produced.local_type(result.type, self.mesh))
         rows = zeros.type.shape[k]
         shifted = self._local_ids(op, zeros, local_ids, k, axes)
@@ -810,6 +823,12 @@ class _Lowering:
                              [TensorType((), local.type.element)]).results[0]
         return self.em.emit("stablehlo.add", [local, self.em.broadcast(start, local.type)],
                             [local.type]).results[0]
+
+
+def _arg_labels(func: Func) -> list[str]:
+    names = list(func.arg_names or [])
+    return [names[i] if i < len(names) and names[i] else f"#{i}"
+            for i in range(len(func.args))]
 
 
 def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],

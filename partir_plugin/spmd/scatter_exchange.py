@@ -42,9 +42,10 @@ def exchange_axes(state: PartitionState, op: Op, nest: tuple[tuple[str, TMREntry
     mesh = state.mesh
     gathered = Layout.from_tiles(updates.type.rank, [(a, e.operands[2]) for a, e in nest
                                                      if e.operands[2] is not None
-                                                     and a not in axes])
+                                                     and a not in axes], mesh=mesh)
     pending = Layout.from_tiles(result.type.rank, [(a, e.results[0]) for a, e in nest
-                                                   if not isinstance(e.results[0], Sum)])
+                                                   if not isinstance(e.results[0], Sum)],
+                                mesh=mesh)
     # A ring all_gather moves the gathered bytes once (the ids add one element per token to
     # the updates' d: left out), a reduce_scatter the pending sum's bytes once, an all_reduce
     # twice (then a slice).

@@ -19,13 +19,12 @@ def local_blocks(mesh: Mesh, x: np.ndarray, spec: tuple[tuple[str, ...], ...]) -
     """Every replica's tile of `x` under the normalized `spec` (jax semantics)."""
     out = []
     for r in range(mesh.size):
-        c = mesh.coords(r)
         index = []
         for d, axes in enumerate(spec):
             n, b = 1, 0
             for a in axes:
                 n *= mesh.axis_size(a)
-                b = b * mesh.axis_size(a) + c[a]
+                b = b * mesh.axis_size(a) + mesh.coord(r, a)
             size = x.shape[d] // n
             index.append(slice(b * size, (b + 1) * size))
         out.append(x[tuple(index)])

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from math import prod
 
 from ...core.mesh import Mesh
+from ...errors import PartitionError
 
 
 def prime_factors(n: int) -> list[int]:
@@ -79,11 +81,20 @@ class FactorMesh:
         return Counter(f.size for f in self.factors)
 
     def expand(self, axis: str) -> tuple[int, ...]:
-        """Factor ids of mesh axis `axis`, major to minor."""
+        """Factor ids of mesh axis `axis`, major to minor. A sub-axis (`model:(1)4`,
+        `core/subaxis.py`) is the factors of its parent within its digits; one that cuts a
+        prime factor raises PartitionError (the planner cannot name it)."""
+        sub = self.mesh.sub_axis(axis)  # raises PartitionError naming the mesh
         for name, ids in self.by_axis:
-            if name == axis:
-                return ids
-        self.mesh.check_axis(axis)  # raises PartitionError naming the mesh
+            if name == sub.parent:
+                parent = self.mesh.axis_size(name)
+                low, high = parent // sub.hi, parent // sub.pre  # strides it spans
+                inside = tuple(f for f in ids if self.factors[f].stride >= low
+                               and self.factors[f].stride * self.factors[f].size <= high)
+                if prod(self.factors[f].size for f in inside) != sub.size:
+                    raise PartitionError(f"sub-axis {axis!r} cuts a prime factor of "
+                                         f"{name!r}")
+                return inside
         raise AssertionError(axis)
 
     def label(self, f: int) -> str:

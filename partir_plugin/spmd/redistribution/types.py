@@ -76,12 +76,15 @@ class DistType:
         seen: dict[str, int] = {}
         for d, axes in enumerate(entries):
             for a in axes:
-                if a not in fmesh.mesh.names:
+                try:
+                    fmesh.mesh.check_axis(a)  # a mesh axis or a sub-axis of one
+                except PartitionError:
                     raise PartitionError(
                         f"dimension {d}: axis {a!r} is not in the mesh (axes: {fmesh.mesh.shape})"
-                    )
-                if a in seen:
-                    where = "twice in" if seen[a] == d else f"in dimension {seen[a]} and in"
+                    ) from None
+                used = next((b for b in seen if fmesh.mesh.overlaps(a, b)), None)
+                if used is not None:
+                    where = "twice in" if seen[used] == d else f"in dimension {seen[used]} and in"
                     raise PartitionError(f"axis {a!r} is used {where} dimension {d} of spec {spec}")
                 seen[a] = d
             n = prod(fmesh.mesh.axis_size(a) for a in axes)
