@@ -97,7 +97,7 @@ class PartitionState:
         return self.tiling.get(v, [])
 
     def dim_of(self, v: Value, axis: str) -> int | None:
-        for a, d in self.tiles_of(v):
+        for a, d in self.tiling.get(v, ()):
             if a == axis:
                 return d
         return None
@@ -109,8 +109,12 @@ class PartitionState:
         return {a for a, _ in self.nest_of(op)}
 
     def in_loop(self, op: Op, axis: str) -> bool:
-        """Is `op` already inside a loop over `axis`?"""
-        return any(a == axis for a, _ in self.nests.get(op, ()))
+        """Is `op` already inside a loop over `axis`? (A plain loop: propagation asks this at
+        every step.)"""
+        for a, _ in self.nests.get(op, ()):
+            if a == axis:
+                return True
+        return False
 
     def local_extent(self, v: Value, dim: int) -> int:
         """Size of `dim` of `v` after its current tiling."""

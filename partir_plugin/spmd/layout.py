@@ -21,10 +21,9 @@ class Layout:
 
     @classmethod
     def from_tiles(cls, rank: int, tiles, partial=()) -> Layout:
-        dims: list[tuple[str, ...]] = [() for _ in range(rank)]
-        for axis, dim in tiles:
-            dims[dim] = dims[dim] + (axis,)
-        return cls(tuple(dims), tuple(partial))
+        """The layout of `tiles` ((axis, dim) pairs, outer loop first): shared per distinct
+        argument (lowering asks for one per operand and result of every op)."""
+        return _from_tiles(rank, tuple(tiles), tuple(partial))
 
     def axes(self) -> set[str]:
         return {a for d in self.dims for a in d}
@@ -49,6 +48,14 @@ class Layout:
         dims = ", ".join("{" + ",".join(d) + "}" for d in self.dims)
         part = (" sum" + str([a for a, _ in self.partial])) if self.partial else ""
         return f"[{dims}]{part}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _from_tiles(rank: int, tiles: tuple, partial: tuple) -> Layout:
+    dims: list[tuple[str, ...]] = [() for _ in range(rank)]
+    for axis, dim in tiles:
+        dims[dim] = dims[dim] + (axis,)
+    return Layout(tuple(dims), partial)
 
 
 @functools.lru_cache(maxsize=65536)
