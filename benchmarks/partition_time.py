@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             n = (args.reps if size.layers <= 16 or size.scan
                  else (min(args.reps, 2) if size.layers <= 32 else 1))
             reps[f"{name} {size.name}"] = n
-            for _ in range(min(n, 2)):
+            for _ in range(min(n, 2)):  # each compiles once more: at most twice
                 breakdown(size)
             compare(size, n)
             sizes.append(size)
