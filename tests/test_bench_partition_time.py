@@ -15,7 +15,10 @@ def test_breakdown_times_every_phase(family):
     assert list(size.phases) == ["jax lowering", "import", *tactics, "lower (final)", "print",
                                  "embed (jax lowering)", "XLA compile (ours)", "report: lower",
                                  "report: simulate"]
-    assert all(v > 0 for v in size.phases.values()), size.phases
+    # The last tactic's row reuses the final program: a one-tactic schedule lowers no more.
+    lowers_again = len(tactics) > 1
+    assert all(v > 0 for k, v in size.phases.items()
+               if k != "report: lower" or lowers_again), size.phases
     assert size.ops > 0 and size.local_ops > 0
     assert size.schedule_s == sum(size.phases[p] for p in [*tactics, "lower (final)"])
     assert size.passes_s > size.schedule_s
