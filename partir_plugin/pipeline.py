@@ -145,9 +145,13 @@ class TacticReports(Sequence[TacticReport]):
     need the rows.
     """
 
-    def __init__(self, after: list[_AfterTactic], hardware) -> None:
+    def __init__(self, after: list[_AfterTactic], hardware,
+                 final: SpmdProgram | None = None) -> None:
         self._after = after
         self._hardware = hardware
+        # The last tactic's state is the final one: its program is the one the schedule
+        # lowered already (the runtime's), not lowered a second time for its row.
+        self._final = final
         self._rows: list[TacticReport] | None = None
 
     def _made(self) -> list[TacticReport]:
@@ -155,12 +159,14 @@ class TacticReports(Sequence[TacticReport]):
             with gc_paused():
                 cache, memo, rows = LoweringCache(), {}, []
                 index = ProgramIndex(self._after[0].state) if self._after else None
-                for t in self._after:
-                    program = lower_to_spmd(t.state, cache)
+                last = len(self._after) - 1
+                for i, t in enumerate(self._after):
+                    program = (self._final if i == last and self._final is not None
+                               else lower_to_spmd(t.state, cache))
                     rows.append(tactic_report(t.name, program, t.state, self._hardware,
                                               t.actions, memo, t.search, index))
                 attribute_tactics((row.name, row.sites) for row in rows)
-            self._rows, self._after = rows, []
+            self._rows, self._after, self._final = rows, [], None
         return self._rows
 
     @property
@@ -285,4 +291,8 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
     for tactic in schedule:  # checks that need the whole schedule's decisions (PP)
         if hasattr(tactic, "finish"):
             tactic.finish(state)
-    return Partitioned(state, lower_to_spmd(state), TacticReports(after, hardware))
+    # `after[-1].state` is `state` itself (and `finish` changed it in place), so the final
+    # program is also the last row's.
+    program = lower_to_spmd(state)
+    return Partitioned(state, program, TacticReports(after, hardware, program if schedule
+                                                     else None))

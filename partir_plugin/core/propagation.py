@@ -19,10 +19,11 @@ def _constraints(state: PartitionState, op: Op, axis: str):
     """What the neighbours of `op` say about `axis`: input dims tiled on it (forward), result
     dims tiled on it (backward), and -- only when neither says anything, as they take
     precedence -- result dims consumers slice on it (backward, soft)."""
-    ins = tuple(state.dim_of(v, axis) for v in op.inputs)
-    outs = tuple(state.dim_of(r, axis) for r in op.results)
+    dim_of = state.dim_of
+    ins = [dim_of(v, axis) for v in op.inputs]
+    outs = [dim_of(r, axis) for r in op.results]
     sliced: list[set[int]] = []
-    if any(d is not None for d in ins) or any(d is not None for d in outs):
+    if ins.count(None) < len(ins) or outs.count(None) < len(outs):
         return ins, outs, sliced
     for r in op.results:
         dims = set()
@@ -74,7 +75,7 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     if (op, axis) in state.boundaries:
         return []  # a decided tag: each side keeps its own distribution
     ins, outs, sliced = _constraints(state, op, axis)
-    hard = any(d is not None for d in ins) or any(d is not None for d in outs)
+    hard = ins.count(None) < len(ins) or outs.count(None) < len(outs)
     soft = any(sliced)
     if not hard and not soft:
         return []

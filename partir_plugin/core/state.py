@@ -100,7 +100,7 @@ class PartitionState:
         return self.tiling.get(v, [])
 
     def dim_of(self, v: Value, axis: str) -> int | None:
-        for a, d in self.tiles_of(v):
+        for a, d in self.tiling.get(v, ()):
             if a == axis:
                 return d
         return None
@@ -113,8 +113,13 @@ class PartitionState:
 
     def in_loop(self, op: Op, axis: str) -> bool:
         """Is `op` already inside a loop over `axis`, or over a part of it or an axis it is a
-        part of (sub-axes, `core/subaxis.py`)?"""
-        return any(self.mesh.overlaps(a, axis) for a, _ in self.nests.get(op, ()))
+        part of (sub-axes, `core/subaxis.py`)? (A plain loop: propagation asks this at every
+        step.)"""
+        overlaps = self.mesh.overlaps
+        for a, _ in self.nests.get(op, ()):
+            if overlaps(a, axis):
+                return True
+        return False
 
     def overlapping(self, v: Value, axis: str) -> str | None:
         """Another axis tiling `v` that shares devices with `axis` (`model` and

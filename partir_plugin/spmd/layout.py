@@ -21,15 +21,12 @@ class Layout:
 
     @classmethod
     def from_tiles(cls, rank: int, tiles, partial=(), mesh: Mesh | None = None) -> Layout:
-        """The layout of `(axis, dim)` tiles (outer first). With the `mesh`, adjacent sub-axes
-        of one axis are folded (`Mesh.fold`), so a value tiled on `model` and an op's loops
-        over `model:(1)4` then `model:(4)2` on the same dimension give one layout."""
-        dims: list[tuple[str, ...]] = [() for _ in range(rank)]
-        for axis, dim in tiles:
-            dims[dim] = dims[dim] + (axis,)
-        if mesh is not None:
-            dims = [mesh.fold(d) if len(d) > 1 else d for d in dims]
-        return cls(tuple(dims), tuple(partial))
+        """The layout of `tiles` ((axis, dim) pairs, outer loop first): shared per distinct
+        argument (lowering asks for one per operand and result of every op). With the
+        `mesh`, adjacent sub-axes of one axis are folded (`Mesh.fold`), so a value tiled on
+        `model` and an op's loops over `model:(1)4` then `model:(4)2` on the same dimension
+        give one layout."""
+        return _from_tiles(rank, tuple(tiles), tuple(partial), mesh)
 
     def axes(self) -> set[str]:
         return {a for d in self.dims for a in d}
@@ -54,6 +51,16 @@ class Layout:
         dims = ", ".join("{" + ",".join(d) + "}" for d in self.dims)
         part = (" sum" + str([a for a, _ in self.partial])) if self.partial else ""
         return f"[{dims}]{part}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _from_tiles(rank: int, tiles: tuple, partial: tuple, mesh: Mesh | None) -> Layout:
+    dims: list[tuple[str, ...]] = [() for _ in range(rank)]
+    for axis, dim in tiles:
+        dims[dim] = dims[dim] + (axis,)
+    if mesh is not None:
+        dims = [mesh.fold(d) if len(d) > 1 else d for d in dims]
+    return Layout(tuple(dims), partial)
 
 
 @functools.lru_cache(maxsize=65536)
