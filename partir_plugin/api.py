@@ -11,7 +11,6 @@ from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
-from .runtime import partitioner
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
 from .simulation import resolve_hardware_option
 
@@ -78,8 +77,7 @@ class Lowered:
         return self.partition.as_text()
 
     def compile(self) -> Compiled:
-        with partitioner.embedding():
-            return Compiled(self.partition, self.jax_lowered.compile(), self._bind)
+        return Compiled(self.partition, self.jax_lowered.compile(), self._bind)
 
 
 class Compiled:
@@ -178,11 +176,10 @@ class PartitionedFunction:
         found = self._cache.get(key)
         if found is not None:
             return found
-        with partitioner.shardy():
-            traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
-            part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
-                                  hardware=self.hardware, arg_names=traced.arg_names,
-                                  conflicts=self.conflicts, scatter_sums=self.scatter_sums)
+        traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
+        part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
+                              hardware=self.hardware, arg_names=traced.arg_names,
+                              conflicts=self.conflicts, scatter_sums=self.scatter_sums)
         program = part.program
         function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"), program.text(),
                                        self.jax_mesh, program.in_layouts, program.out_layouts,
@@ -207,21 +204,12 @@ class PartitionedFunction:
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Partition for these arguments (arrays or ShapeDtypeStructs) and lower the step."""
-        with partitioner.embedding():
-            lowered = self._jitted.lower(*args, **kwargs)
+        lowered = self._jitted.lower(*args, **kwargs)
         return Lowered(self.partition(self._positional(args, kwargs)), lowered,
                        self._positional)
 
     def __call__(self, *args, **kwargs):
-        # `partitioner.embedding()` inline: a warm call runs no Python frame but this one.
-        state = partitioner.STATE
-        if state is None:
-            return self._jitted(*args, **kwargs)
-        saved = state.swap_local(False)
-        try:
-            return self._jitted(*args, **kwargs)
-        finally:
-            state.set_local(saved)
+        return self._jitted(*args, **kwargs)
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
