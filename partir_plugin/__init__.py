@@ -19,6 +19,7 @@ _EXPORTS = {
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
+    "UnevenOutputWarning": "errors",
     "PartitionWarning": "tactics", "Budget": "search", "SearchResult": "search",
     "Decision": "search", "DecisionKind": "search", "FrozenPartition": "search",
     "hookimpl": "hookspecs",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import PartitionError
 from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
 from .mesh import Mesh
+from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
 from .tmr import Sum, TileMappingRegistry, TMREntry
 
 
@@ -62,6 +63,9 @@ class PartitionState:
     # Values gathered again for each consumer instead of once for all (ZeRO-3's parameters:
     # the backward pass gathers them afresh rather than keeping the forward's copy alive).
     regather: set[Value] = field(default_factory=set)
+    # May a tiling pad a dimension its axes do not divide (`core/padding.py`)? False: never
+    # inferred by propagation, a PartitionError where a tactic asks for it.
+    allow_padding: bool = True
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -112,16 +116,56 @@ class PartitionState:
         """Is `op` already inside a loop over `axis`?"""
         return any(a == axis for a, _ in self.nests.get(op, ()))
 
+    def axes_on(self, v: Value, dim: int) -> tuple[str, ...]:
+        """The axes tiling `dim` of `v`, outer first."""
+        return tuple(a for a, d in self.tiles_of(v) if d == dim)
+
     def local_extent(self, v: Value, dim: int) -> int:
-        """Size of `dim` of `v` after its current tiling."""
-        size = v.type.shape[dim]
-        for a, d in self.tiles_of(v):
-            if d == dim:
-                size //= self.mesh.axis_size(a)
-        return size
+        """Size of `dim` of `v` after its current tiling (padded where the axes do not
+        divide it: `core/padding.py`)."""
+        return local_extent(v.type.shape[dim], [self.mesh.axis_size(a)
+                                                for a in self.axes_on(v, dim)])
 
     def tiled_product(self, v: Value, dim: int) -> int:
-        return v.type.shape[dim] // self.local_extent(v, dim)
+        """How many tiles `dim` of `v` is cut into (the product of its axes' sizes)."""
+        return self.mesh.product(self.axes_on(v, dim))
+
+    def padded_dims(self, v: Value) -> dict[int, PaddedDim]:
+        """The dimensions of `v` its tiling pads, by dimension."""
+        out = {}
+        for d in sorted({d for _, d in self.tiles_of(v)}):
+            axes = self.axes_on(v, d)
+            sizes = tuple(self.mesh.axis_size(a) for a in axes)
+            if is_padded(v.type.shape[d], sizes):
+                out[d] = PaddedDim(v.type.shape[d], axes, sizes)
+        return out
+
+    def entry_pads(self, op: Op, axis: str, entry: TMREntry) -> bool:
+        """Would looping `op` over `axis` with `entry` leave a dimension it tiles padded (or
+        split a factor unevenly)?"""
+        size = self.mesh.axis_size(axis)
+        for v, d in zip(op.inputs, entry.operands):
+            if d is None:
+                continue
+            axes = self.axes_on(v, d)
+            axes = axes if axis in axes else (*axes, axis)
+            if (is_padded(v.type.shape[d], [self.mesh.axis_size(a) for a in axes])
+                    or entry.factor_size % self.mesh.product(axes)):
+                return True
+        for r, action in zip(op.results, entry.results):
+            if isinstance(action, Sum):
+                continue
+            sizes = [self.mesh.axis_size(a) for a, e in self.nest_of(op)
+                     if e.results[r.index] == action] + [size]
+            if is_padded(r.type.shape[action], sizes) or entry.factor_size % self.mesh.product(
+                    [a for a, e in self.nest_of(op) if e.results[r.index] == action] + [axis]):
+                return True
+        return False
+
+    def padding_allowed(self, op: Op, entry: TMREntry) -> bool:
+        """May `op` run `entry` on padded tiles (padding on, and an entry that keeps padding in
+        padding or whose reads of it the lowering masks)?"""
+        return self.allow_padding and entry_allows_padding(op, entry)
 
     def tagged(self, name: str) -> list[Value]:
         """Every value tagged `name`, in program order."""
@@ -141,9 +185,10 @@ class PartitionState:
             return f"it is already tiled on axis {axis!r} (dimension {current})"
         extent = self.local_extent(v, dim)
         size = self.mesh.axis_size(axis)
-        if extent % size:
+        if extent % size and not self.allow_padding:
             return (f"dimension {dim} has local size {extent} (global {v.type.shape[dim]}), "
-                    f"not divisible by axis {axis!r} of size {size}")
+                    f"not divisible by axis {axis!r} of size {size}, and padding is off "
+                    f"(padding='error')")
         return None
 
     def tile_value(self, v: Value, dim: int, axis: str) -> list[Value]:
