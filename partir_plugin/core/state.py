@@ -174,8 +174,11 @@ class PartitionState:
         return self.tags[name]
 
     # -- actions ------------------------------------------------------------------------
-    def can_tile(self, v: Value, dim: int, axis: str) -> str | None:
-        """Why `v` cannot be tiled on (dim, axis), or None if it can."""
+    def can_tile(self, v: Value, dim: int, axis: str, padding: bool | None = None
+                 ) -> str | None:
+        """Why `v` cannot be tiled on (dim, axis), or None if it can. `padding`: may the tile
+        pad the dimension (None: the state's `allow_padding`; False: only even tiles, what
+        a tactic that looks for divisible dimensions asks)."""
         if any((m, axis) in self.atomic for m in self.aliases.get(v, (v,))):
             return f"it is atomic (kept replicated) on axis {axis!r}"
         if not v.type.is_tensor or dim >= v.type.rank or dim < 0:
@@ -185,7 +188,7 @@ class PartitionState:
             return f"it is already tiled on axis {axis!r} (dimension {current})"
         extent = self.local_extent(v, dim)
         size = self.mesh.axis_size(axis)
-        if extent % size and not self.allow_padding:
+        if extent % size and not (self.allow_padding if padding is None else padding):
             return (f"dimension {dim} has local size {extent} (global {v.type.shape[dim]}), "
                     f"not divisible by axis {axis!r} of size {size}, and padding is off "
                     f"(padding='error')")
