@@ -9,13 +9,14 @@ ops that index, window or loop: gather and scatter at constant indices (add with
 `partir_plugin.roll`, a while loop reading an outer value and a scan over a stacked weight).
 Dimensions are powers of two, one in five uneven (12 or 37: no axis, or not every axis,
 divides them), which are tiled with padding (issue 21: padded tiles, masked where read;
-outputs tiled unevenly are gathered and trimmed, `uneven_outputs="replicate"`). Result shapes come from jax's own shape rules (`result_shape`). `build` turns
-a recipe into a Python function, so hypothesis shrinks a failure to a small recipe. One
-example in four checks the value and the gradients (every argument) of the sum of the
-outputs' mean sines instead, so backward passes are partitioned too. A schedule is 1-3 tactics,
-each tiling random argument dimensions on one mesh axis, under either conflict policy
-(resolved by redistribution, or stopped); choices that the current state cannot take
-(already tiled on that axis) are skipped.
+outputs tiled unevenly are gathered and trimmed, `uneven_outputs="replicate"`). Result
+shapes come from jax's own shape rules (`result_shape`). `build` turns a recipe into a
+Python function, so hypothesis shrinks a failure to a small recipe. One example in four
+checks the value and the gradients (every argument) of the sum of the outputs' mean sines
+instead, so backward passes are partitioned too. A schedule is 1-3 tactics, each tiling
+random argument dimensions on one mesh axis, under either conflict policy (resolved by
+redistribution, or stopped); choices that the current state cannot take (already tiled on
+that axis) are skipped.
 
 Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
 reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.

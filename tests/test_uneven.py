@@ -209,3 +209,37 @@ def test_padding_error_option():
            padding="error")
     with pytest.raises(ValueError, match="padding='sometimes'"):
         partir.jit(fn, MESH, [], padding="sometimes")
+
+
+MOVES = {
+    "concatenate": lambda x: jnp.concatenate([x, 2.0 * x[:5]], axis=0),
+    "pad": lambda x: jnp.pad(x, ((3, 2), (0, 0)), constant_values=-7.0),
+    "reverse": lambda x: x[::-1],
+    "slice": lambda x: x[4:33],
+    "iota": lambda x: x + jnp.arange(37, dtype=x.dtype)[:, None],
+    "sort": lambda x: jnp.sort(x, axis=0),
+    "top_k": lambda x: jax.lax.top_k(x.T, 4)[0],
+    "roll": lambda x: jnp.roll(x, 3, axis=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOVES))
+def test_data_movement_along_the_uneven_dimension(name):
+    """Ops that move rows along the padded dimension read it whole (trimmed), or, for iota,
+    offset by the device's tile start: each result, reduced over the rows, is jax.jit's."""
+    move = MOVES[name]
+    _check(lambda x: (jnp.max(move(x), axis=0), jnp.sum(move(x) ** 2)),
+           (_negative((37, 6)),), {"x": 0})
+
+
+def test_scatter_add_gradient_with_padded_updates():
+    """An embedding lookup with a batch of 12 over 8: the table's gradient is a scatter-add of
+    padded updates at padded ids, masked to zero before the scatter."""
+    table = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    ids = np.random.default_rng(1).integers(0, 50, size=(12,)).astype(np.int32)
+
+    def loss(table, ids):
+        return jnp.sum(jnp.tanh(table[ids]) ** 2)
+
+    _, meta = _check(jax.value_and_grad(loss), (table, ids), {"ids": 0})
+    assert any("scatter" in line for line in meta.tactics[-1].padding)

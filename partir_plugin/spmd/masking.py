@@ -64,7 +64,7 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     slices on a dimension that its tiling (by every axis of the nest) pads."""
     found: dict[tuple[int, int], Mask] = {}
     lookup = lookup_dim(op)
-    for axis, entry in nest:
+    for _, entry in nest:
         sums = [r for r in entry.results if isinstance(r, Sum)]
         if not sums:
             continue
