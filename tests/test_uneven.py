@@ -62,6 +62,8 @@ REDUCTIONS = {
     # 1/x and log(x) turn a zero padding into inf: the masks select, never multiply.
     "reciprocal_sum": (lambda x: jnp.sum(1.0 / x, axis=0), _positive),
     "log_sum": (lambda x: jnp.sum(jnp.log(x), axis=0), _positive),
+    # sqrt(x - 1) of a zero padding is NaN: a masked multiply would keep it.
+    "sqrt_sum": (lambda x: jnp.sum(jnp.sqrt(x - 1.0), axis=0), _positive),
 }
 
 
@@ -243,3 +245,13 @@ def test_scatter_add_gradient_with_padded_updates():
 
     _, meta = _check(jax.value_and_grad(loss), (table, ids), {"ids": 0})
     assert any("scatter" in line for line in meta.tactics[-1].padding)
+
+
+def test_input_comes_in_on_its_largest_divisible_layout():
+    """12 rows over 'a' (2) then 'b' (4): 'a' divides 12, 'b' does not divide the 6 left, so
+    the argument is sharded over 'a' at the program's boundary and sliced over 'b' inside."""
+    schedule = [partir.ManualPartition({"x": 0}, axis="a"),
+                partir.ManualPartition({"x": 0}, axis="b")]
+    _, meta = _check(lambda x: jnp.sum(jnp.exp(x), axis=0), (_negative((12, 3)),), None,
+                     mesh={"a": 2, "b": 4}, schedule=schedule)
+    assert meta.in_shardings[0].spec == jax.sharding.PartitionSpec("a")

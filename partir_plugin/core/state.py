@@ -143,22 +143,18 @@ class PartitionState:
     def entry_pads(self, op: Op, axis: str, entry: TMREntry) -> bool:
         """Would looping `op` over `axis` with `entry` leave a dimension it tiles padded (or
         split a factor unevenly)?"""
-        size = self.mesh.axis_size(axis)
+        def pads(n: int, axes: list[str]) -> bool:
+            return (is_padded(n, [self.mesh.axis_size(a) for a in axes])
+                    or entry.factor_size % self.mesh.product(axes) != 0)
+
         for v, d in zip(op.inputs, entry.operands):
-            if d is None:
-                continue
-            axes = self.axes_on(v, d)
-            axes = axes if axis in axes else (*axes, axis)
-            if (is_padded(v.type.shape[d], [self.mesh.axis_size(a) for a in axes])
-                    or entry.factor_size % self.mesh.product(axes)):
-                return True
+            if d is not None:
+                axes = list(self.axes_on(v, d))
+                if pads(v.type.shape[d], axes if axis in axes else [*axes, axis]):
+                    return True
         for r, action in zip(op.results, entry.results):
-            if isinstance(action, Sum):
-                continue
-            sizes = [self.mesh.axis_size(a) for a, e in self.nest_of(op)
-                     if e.results[r.index] == action] + [size]
-            if is_padded(r.type.shape[action], sizes) or entry.factor_size % self.mesh.product(
-                    [a for a, e in self.nest_of(op) if e.results[r.index] == action] + [axis]):
+            if not isinstance(action, Sum) and pads(r.type.shape[action], [
+                    *(a for a, e in self.nest_of(op) if e.results[r.index] == action), axis]):
                 return True
         return False
 
@@ -189,9 +185,10 @@ class PartitionState:
         extent = self.local_extent(v, dim)
         size = self.mesh.axis_size(axis)
         if extent % size and not (self.allow_padding if padding is None else padding):
+            policy = "" if self.allow_padding else " (padding='error')"
             return (f"dimension {dim} has local size {extent} (global {v.type.shape[dim]}), "
-                    f"not divisible by axis {axis!r} of size {size}, and padding is off "
-                    f"(padding='error')")
+                    f"not divisible by axis {axis!r} of size {size}, and padding is "
+                    f"off{policy}")
         return None
 
     def tile_value(self, v: Value, dim: int, axis: str) -> list[Value]:
