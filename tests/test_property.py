@@ -446,3 +446,24 @@ def test_dot_reshape_reduce_example():
         outputs=(("v", 7), ("v", 3)))
     check(recipe, [TileIfPossible("a", ((0, 0),)), TileIfPossible("b", ((1, 1), (2, 2))),
                    TileIfPossible("b", ((0, 1),))])
+
+
+def test_uneven_example():
+    """A hand-picked recipe on uneven sizes, with and without gradients: 37 (no axis divides
+    it) tiled on 'a' through a max and a cumsum; 12 tiled on 'b' then 'a', or on 'a' (4
+    divides it) then 'b' (2 does not divide the 3 left), a contraction padded level by
+    level."""
+    recipe = Recipe(
+        args=((37, 12), (12, 8)),
+        ops=(("dot", ("a", 0), ("a", 1), (1, 0), None),            # v0: 37x8, contracts 12
+             ("unary", "tanh", ("v", 0)),                          # v1: 37x8
+             ("reduce", "max", ("v", 1), 0),                       # v2: 8
+             ("cumsum", ("v", 1), 0, False),                       # v3: 37x8
+             ("binary", "mul", ("v", 3), ("v", 1))),               # v4: 37x8
+        outputs=(("v", 4), ("v", 2)))
+    rows = [TileIfPossible("a", ((0, 0),)), TileIfPossible("b", ((1, 0),)),
+            TileIfPossible("a", ((1, 0),))]
+    contraction = [TileIfPossible("a", ((1, 0),)), TileIfPossible("b", ((1, 0),))]
+    for schedule in (rows, contraction):
+        for grad in (False, True):
+            check(recipe, schedule, grad=grad)

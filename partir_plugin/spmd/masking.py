@@ -117,5 +117,6 @@ def padding_report(state) -> list[str]:
     for p in sorted(values, key=lambda p: (p.n, p.axes)):
         found = inserted.get(p, {})
         listed = ", ".join(f"{k} x{n}" for k, n in sorted(found.items())) or "none needed"
-        lines.append(f"pad {p}; {values[p]} values; masks: {sum(found.values())} ({listed})")
+        count = f"{values[p]} value{'s' if values[p] > 1 else ''}"
+        lines.append(f"pad {p}; {count}; masks: {sum(found.values())} ({listed})")
     return lines
