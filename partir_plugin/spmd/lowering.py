@@ -276,17 +276,31 @@ class _Emitter:
                          [parts[0].type.with_shape(tuple(shape))],
                          {"dimension": f"{dim} : i64"}).results[0]
 
+    def compare(self, x: Value, y: Value, direction: str) -> Value:
+        """`x <direction> y` elementwise (EQ, LT, GE, ...), as i1."""
+        return self.emit("stablehlo.compare", [x, y], [TensorType(x.type.shape, "i1")],
+                         {"comparison_direction":
+                          f"#stablehlo<comparison_direction {direction}>"}).results[0]
+
+    def device_flag(self, flags: list[int]) -> Value:
+        """A scalar i1: `flags[partition_id]` on each device."""
+        return self.compare(self.per_device(flags), self.scalar(1, "i32"), "EQ")
+
+    def where(self, keep: Value, x: Value, fill: Value) -> Value:
+        """`x` where `keep` (a scalar, or i1 of x's shape) holds, else the scalar `fill`: how
+        the lowering overwrites what must not be read (a halo past the global edge, padding,
+        the copies of a value turned into a partial sum). A `select`, never a multiply, so
+        NaN or inf in the overwritten part cannot leak."""
+        if keep.type.shape != x.type.shape:
+            keep = self.broadcast(keep, TensorType(x.type.shape, "i1"))
+        return self.emit("stablehlo.select", [keep, x, self.broadcast(fill, x.type)],
+                         [x.type]).results[0]
+
     def keep_on_first(self, x: Value, axes: tuple[str, ...]) -> Value:
         """`x` on the devices at block 0 along `axes`, zeros elsewhere: a full value turned
         into a partial sum over `axes`."""
-        first = self.per_device([int(i == 0) for i in self.block_index(axes)])
-        pred_t = TensorType(x.type.shape, "i1")
-        flag = self.emit("stablehlo.compare", [first, self.scalar(1, "i32")],
-                         [TensorType((), "i1")],
-                         {"comparison_direction": "#stablehlo<comparison_direction EQ>"}
-                         ).results[0]
-        return self.emit("stablehlo.select", [self.broadcast(flag, pred_t), x,
-                                              self.splat(0, x.type)], [x.type]).results[0]
+        first = self.device_flag([int(i == 0) for i in self.block_index(axes)])
+        return self.where(first, x, self.scalar(0, x.type.element))
 
     def collective_permute(self, x: Value, pairs, axes) -> Value:
         """Replica s sends its tile to t for every (s, t) in `pairs`."""

@@ -89,13 +89,9 @@ def apply_mask(em, x: Value, mask: Mask) -> Value:
     index_t = TensorType(x.type.shape, "i32")
     rows = em.emit("stablehlo.iota", [], [index_t],
                    {"iota_dimension": f"{mask.dim} : i64"}).results[0]
-    inside = em.emit("stablehlo.compare", [rows, em.broadcast(em.per_device(valid), index_t)],
-                     [TensorType(x.type.shape, "i1")],
-                     {"comparison_direction": "#stablehlo<comparison_direction LT>"}
-                     ).results[0]
-    fill = em.literal(identity_literal(mask.reduction, x.type.element), x.type.element)
-    return em.emit("stablehlo.select", [inside, x, em.broadcast(fill, x.type)], [x.type]
-                   ).results[0]
+    inside = em.compare(rows, em.broadcast(em.per_device(valid), index_t), "LT")
+    return em.where(inside, x, em.literal(identity_literal(mask.reduction, x.type.element),
+                                          x.type.element))
 
 
 def padding_report(state) -> list[str]:
