@@ -255,3 +255,20 @@ def test_input_comes_in_on_its_largest_divisible_layout():
     _, meta = _check(lambda x: jnp.sum(jnp.exp(x), axis=0), (_negative((12, 3)),), None,
                      mesh={"a": 2, "b": 4}, schedule=schedule)
     assert meta.in_shardings[0].spec == jax.sharding.PartitionSpec("a")
+
+
+def test_sorted_unique_index_hints_are_dropped_on_padded_indices():
+    """Padding holds any index, so a gather's or scatter's promise of sorted, unique indices
+    is dropped where its indices are padded tiles."""
+    table = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    ids = np.sort(np.random.default_rng(1).choice(50, size=12, replace=False)).astype(np.int32)
+
+    def loss(table, ids):
+        rows = table.at[ids].get(indices_are_sorted=True, unique_indices=True)
+        return jnp.sum(jnp.tanh(rows) ** 2)
+
+    f, _ = _check(jax.value_and_grad(loss), (table, ids), {"ids": 0})
+    text = f.lower(table, ids).as_text()
+    padded = [line for line in text.splitlines()
+              if ("stablehlo.gather" in line or "stablehlo.scatter" in line) and "2x1xi32" in line]
+    assert padded and not any("= true" in line for line in padded)

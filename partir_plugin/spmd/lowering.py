@@ -29,7 +29,7 @@ from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands
 from .interleave import lower_interleave
 from .layout import Layout
-from .masking import apply_mask, masks
+from .masking import apply_mask, drop_index_hints, masks
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
 
@@ -707,6 +707,7 @@ class _Lowering:
                                        [self.local[v][1] for v in op.inputs], wanted)
         for mask in masks(op, nest, self.mesh):
             operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask)
+        drop_index_hints(op, attrs, wanted, self.mesh)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
