@@ -54,7 +54,8 @@ def schedules(model: str) -> dict[str, list]:
                 "BP+EP+MP": [bp, ep, partir.tactic("MP", rule=megatron.moe_rule, axis="model")]}
     mp = partir.tactic("MP", rule=megatron.transformer_rule, axis="model")
     if model == "T32":
-        bp, z2, z3 = (partir.tactic(t, axis="batch") for t in ("BP", "Z2", "Z3"))
+        bp, z2 = (partir.tactic(t, axis="batch") for t in ("BP", "Z2"))
+        z3 = partir.tactic("Z3", axis="batch", regather=False)  # the paper gathers once
         emb = partir.tactic("EMB", axis="model")
         return {"BP": [bp], "MP": [mp], "BP+MP": [bp, mp], "BP+MP+Z2": [bp, mp, z2],
                 "BP+MP+Z3": [bp, mp, z3], "BP+MP+Z3+EMB": [bp, mp, z3, emb]}

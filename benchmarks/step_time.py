@@ -557,21 +557,40 @@ def analysis(cases: list[Case]) -> list[str]:
             "that its consumer tiles and slices it (`scatter_sums`, picked by platform: the "
             "MLP's BP+MP+Z3 went from 1.09 to 0.99). The dimension Z3 tiles was not the cause: "
             "`FIRST_DIVISIBLE_DIM` already prefers the major dimension (dimension 0 wherever "
-            "it still divides), and the copies that remain (+27 of 512 bytes, `f32[1,1,128]` "
-            "parameter slices inside fusions) are XLA's.")
+            "it still divides); the 27 copies the transformer's program had more than "
+            "jax.jit's were the norm scales gathered as `f32[1,1,128]` (XLA:CPU lays an "
+            "inner-dimension all-gather out with that dimension major and copies it back): "
+            "the lowering now gathers behind unit dimensions on dimension 0, and the copies "
+            "are equal in number.")
+        lines.append(
+            "- ZeRO memory (issue 24): "
+            + ", ".join(f"{c.model} {c.schedule} {c.mem_ratio:.3f}" for c in z3)
+            + ". Isolated on XLA's buffer assignment of both programs (the live values at "
+            "the temp heap's peak, from the scheduled HLO; 2026-11-24): the Flax transformer "
+            "held +0.75 MiB at the same peak (the unembedding's weight gradient), in two "
+            "parts. (1) Nine `[4, 32, 128]` broadcasts of the norm scales, one per norm, "
+            "kept from the forward to the backward pass: we gathered each scale once for both "
+            "passes, XLA merged the broadcasts of the one gathered value and, as a YNNPACK "
+            "reduction fusion takes in no producer that another kernel reads, materialised "
+            "it; jax.jit's partitioner gathers a scale again for the backward pass and each "
+            "broadcast fuses into its consumer. Z3 now does the same for vectors "
+            "(`regather=\"vectors\"`, the default; 9 more all-gathers of 512 bytes). "
+            "Gathering every parameter afresh (`regather=True`) changes nothing more: XLA "
+            "keeps a gathered matrix either way. (2) The embedding gradient's pending sum: a "
+            "full `[512, 128]` zero table each device adds its tokens into, allocated at the "
+            "start of the step (its zeros are a constant) and reduced at the end, against "
+            "jax.jit's `[128, 128]` shard. The lowering now exchanges the ids and updates "
+            "instead (all-gathered over the batch axis, each device adding every token into "
+            "its own rows; `spmd/scatter_exchange.py`), where that moves no more bytes than "
+            "the reduction. What remains on the transformer is 1.5 KiB (the gathered ids, "
+            "which XLA gathers early: s32[512, 1] against jax.jit's s32[256, 1]). The "
+            "simulator simulates the lowered program, so its estimates moved with XLA's (the "
+            "regather's saving within 5%: tests/test_zero3.py).")
     if big or small:
         lines.append(
             f"- Memory: larger than jax.jit in {_named(big, 'mem_ratio')}; smaller in "
             f"{_named(small, 'mem_ratio')}; equal elsewhere (BP and BP+MP compile to the same "
-            "buffers). Where Z3 is larger (the Flax transformer, +0.75 MiB of temporaries in "
-            "both BP+Z3 and BP+MP+Z3; the plain-JAX decoder +1%), arguments and outputs are "
-            "equal and the copies are the same in number and size: the difference is XLA's "
-            "buffer packing of the same values in a different op order. It is not the "
-            "parameters' live range: gathering each parameter afresh for its backward use "
-            "(`tactic(\"Z3\", regather=True)`, as jax.jit's partitioner does: 60 all-gathers "
-            "instead of 35) left the temporaries unchanged, in XLA's memory analysis and in "
-            "the simulator's estimate alike, so it is an option, off by default. Not closed: "
-            "issue 24 stays open on memory.")
+            "buffers).")
     lines.append(
         f"- Partitioning + compile: slower than jax.jit in {len(slow_c)} of {n} cases "
         f"({_named(slow_c, 'compile_ratio')}). Our trace + schedule (Python: import of the "

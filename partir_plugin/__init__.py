@@ -17,6 +17,7 @@ _EXPORTS = {
     "PartitionedFunction": "api", "Lowered": "api", "Compiled": "api",
     "ManualPartition": "tactics", "AutomaticPartition": "tactics", "tactic": "tactics",
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
+    "Regather": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
     "UnevenOutputWarning": "errors",

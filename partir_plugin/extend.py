@@ -57,7 +57,7 @@ from .simulation import (
 )
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
-from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
 from .tmr_verifier import (
     EntryVerdict,
     VerificationReport,
@@ -71,7 +71,7 @@ __all__ = [
     "CollectiveCost", "CollectiveRecord", "Decision", "DecisionKind", "FrozenPartition", "Func",
     "HardwareSpec", "Leaf", "LinkClass", "LoweringCache", "ManualPartition", "Mesh", "Op",
     "Override", "PartitionError", "PartitionState", "PipelineParallel", "PluginError", "Reason",
-    "Region",
+    "Regather", "Region",
     "SearchResult", "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum",
     "TMREntry", "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent",
     "UnknownNameError", "Value", "VerificationReport", "collective_axes", "collective_kind",

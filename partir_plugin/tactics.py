@@ -11,8 +11,9 @@ Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
 
 from __future__ import annotations
 
+import enum
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,24 @@ class _Selector:
 REPLICATED = _Selector("REPLICATED")  # keep replicated on the tactic's axis (atomic)
 FIRST_DIVISIBLE_DIM = _Selector("FIRST_DIVISIBLE_DIM")  # tile the first dim that divides
 UNKNOWN = _Selector("UNKNOWN")  # no decision: let propagation decide
+
+
+class Regather(enum.StrEnum):
+    """Which of an argument's tiled leaves are gathered afresh for each consumer instead of
+    once for all (ZeRO-3's parameters; the backward pass's uses among the consumers).
+
+    VECTORS is what jax.jit's partitioner ends with on the transformers: a norm scale or bias
+    gathered once and used in the forward and backward passes makes XLA merge the broadcasts
+    of it into one `[batch, seq, d]` buffer that lives from one pass to the other; gathered
+    per use, each broadcast fuses into its consumer (measured: issue 24, docs/BENCHMARKS.md).
+    Matrices stay gathered once: XLA keeps the gathered copy either way."""
+
+    NONE = "none"
+    VECTORS = "vectors"  # leaves of rank <= 1
+    ALL = "all"
+
+    def covers(self, rank: int) -> bool:
+        return self is Regather.ALL or (self is Regather.VECTORS and rank <= 1)
 
 Selector = Any  # int | _Selector | dict | Callable[[str, tuple], Any] | None
 
@@ -69,10 +88,9 @@ class ManualPartition:
     # selector` over every tag. A decided tag is a redistribution point (`TacticContext.tile`).
     tags: dict[str, Selector] | Callable[[str, tuple], Selector] = field(default_factory=dict)
     strict: bool = False
-    # Argument names whose leaves this tactic tiles are gathered afresh for every consumer
-    # (ZeRO-3's parameters: the backward pass gathers them again instead of keeping the
-    # forward pass's gathered copy alive until then; memory for one more all_gather).
-    regather: tuple[str, ...] = ()
+    # Arguments whose leaves this tactic tiles are gathered afresh for every consumer (ZeRO-3's
+    # parameters): a name -> which leaves (`Regather`); a bare tuple of names means all.
+    regather: Mapping[str, Regather] | tuple[str, ...] = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.inputs, dict):
@@ -81,6 +99,9 @@ class ManualPartition:
         if self.name is None:
             names = list(self.inputs) + ([] if callable(self.tags) else list(self.tags))
             self.name = f"{','.join(names) or 'tags'}@{self.axis}"
+        if not isinstance(self.regather, Mapping):
+            self.regather = dict.fromkeys(self.regather, Regather.ALL)
+        self.regather = {arg: Regather(policy) for arg, policy in self.regather.items()}
 
     def apply(self, ctx: TacticContext) -> None:
         ctx.mesh.check_axis(self.axis)
@@ -90,9 +111,10 @@ class ManualPartition:
             self._select(ctx, selector, leaves, depth=0, where=arg)
             if leaves and not self._decided and _has_rule(selector):
                 self._matched_nothing(arg, leaves)
-        for arg in self.regather:
+        for arg, policy in self.regather.items():
             ctx.state.regather.update(leaf.value for leaf in ctx.leaves_of(arg)
-                                      if ctx.state.dim_of(leaf.value, self.axis) is not None)
+                                      if ctx.state.dim_of(leaf.value, self.axis) is not None
+                                      and policy.covers(leaf.value.type.rank))
         for tag, selector in self._tag_selectors(ctx.state).items():
             self._decide(ctx, selector, tag, ctx.state.tagged(tag)[0].type.shape, tag)
 

@@ -18,7 +18,8 @@ from partir_plugin.pipeline import apply_schedule, trace
 MESH = {"batch": 4, "model": 2}
 BP = partir.tactic("BP", axis="batch")
 Z2 = partir.tactic("Z2", axis="batch")
-Z3 = partir.tactic("Z3", axis="batch")
+# The paper gathers each ZeRO-3 parameter once per step (no `regather`).
+Z3 = partir.tactic("Z3", axis="batch", regather=False)
 EMB = partir.tactic("EMB", axis="model")
 T_MP = partir.tactic("MP", rule=megatron.transformer_rule, axis="model")
 

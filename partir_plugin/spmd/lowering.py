@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..core.gather import lookup_dim, offset_dims
+from ..core.gather import lookup_dim, offset_dims, scatter_dim, update_window_dims
 from ..core.mesh import Mesh
 from ..core.padding import ceil_div, is_padded, local_extent, tile_bounds
 from ..core.state import PartitionState
@@ -32,6 +32,7 @@ from .layout import Layout
 from .masking import apply_mask, drop_index_hints, masks
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
+from .scatter_exchange import exchange_axes
 
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
                 "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
@@ -204,7 +205,18 @@ class _Emitter:
         return self.all_gather_groups(x, dim, self.mesh.groups(tuple(axes)), axes)
 
     def all_gather_groups(self, x: Value, dim: int, groups: list[list[int]], axes) -> Value:
-        """Concatenate the tiles of each group's members along `dim`, in group order."""
+        """Concatenate the tiles of each group's members along `dim`, in group order.
+
+        Unit dimensions before `dim` are dropped around the collective (reshapes XLA turns
+        into bitcasts): XLA:CPU gives an all-gather on an inner dimension a layout with that
+        dimension major and copies it back (the Flax transformer's norm scales, gathered as
+        `[1, 1, d]` under Z3: 27 copies that jax.jit's program does not have)."""
+        if dim and all(n == 1 for n in x.type.shape[:dim]):
+            flat = self.emit("stablehlo.reshape", [x],
+                             [x.type.with_shape(x.type.shape[dim:])]).results[0]
+            full = self.all_gather_groups(flat, 0, groups, axes)
+            return self.emit("stablehlo.reshape", [full],
+                             [x.type.with_shape((1,) * dim + full.type.shape)]).results[0]
         shape = list(x.type.shape)
         shape[dim] *= len(groups[0])
         op = self.emit("stablehlo.all_gather", [x], [x.type.with_shape(tuple(shape))],
@@ -547,6 +559,12 @@ class _Segment:
     outputs: list
 
 
+# Ops that only re-lay out their one operand: a value they compute from a regathered one is
+# regathered too.
+_LAYOUT_OPS = frozenset({"stablehlo.reshape", "stablehlo.convert", "stablehlo.transpose",
+                         "stablehlo.broadcast_in_dim", "stablehlo.bitcast_convert"})
+
+
 class _Lowering:
     def __init__(self, state: PartitionState, cache: LoweringCache | None = None,
                  as_produced: bool = False):
@@ -563,6 +581,7 @@ class _Lowering:
         self._swept = 0
         self.consumer: Op | None = None  # the op being lowered (None: the function's return)
         self.pending = PendingSums(state)  # loop-carried accumulators keep their pending sums
+        self._regather_memo: dict[Value, bool] = {}
 
     def declared(self, v: Value) -> Layout:
         return Layout.from_tiles(v.type.rank, self.state.tiles_of(v))
@@ -570,17 +589,31 @@ class _Lowering:
     def use(self, v: Value, want: Layout) -> Value:
         x, have = self.local[v]
         key = (v, want)
-        if v in self.state.regather and have != want:
+        if have != want and self._regathered(v):
             return self._convert(v, x, have, want)  # each consumer gathers afresh
         if key not in self.converted:
             self.converted[key] = self._convert(v, x, have, want)
         return self.converted[key]
 
+    def _regathered(self, v: Value) -> bool:
+        """Is `v` gathered afresh for each consumer: a value the tactic asked for
+        (`state.regather`), or one computed from such a value by layout ops alone (a norm
+        scale reshaped to `[1, 1, d]`, a weight converted to bf16), which is what is gathered
+        once the tiling has flowed through them."""
+        known = self._regather_memo.get(v)
+        if known is None:
+            op = v.producer
+            known = v in self.state.regather or (
+                op is not None and op.name in _LAYOUT_OPS and len(op.operands) == 1
+                and self._regathered(op.operands[0]))
+            self._regather_memo[v] = known
+        return known
+
     def _convert(self, v: Value, x: Value, have: Layout, want: Layout) -> Value:
         if have == want or not x.type.is_tensor:
             return x
         # A value gathered afresh for each consumer has one segment per consumer: not cached.
-        caching = self.cache is not None and self.top and v not in self.state.regather
+        caching = self.cache is not None and self.top and not self._regathered(v)
         if caching:
             hit = self.cache.conversions.get((v, have, want))
             if hit is not None and self._reuse(hit, [x]):
@@ -678,6 +711,11 @@ class _Lowering:
             if self.cache is not None:
                 self.cache.wanted[(op, nest)] = wanted
         forwarded = self._forwarded_sum(op, wanted)
+        if not forwarded and not self.as_produced and op.name == "stablehlo.scatter":
+            axes = exchange_axes(self.state, op, nest)
+            if axes:
+                self._lower_exchanged_scatter(op, nest, axes)
+                return
         linear = linear_operands(op, self.pending.chain) if forwarded else ()
         inputs = [self.local[v][0] if i in linear else self.use(v, lay)
                   for i, (v, lay) in enumerate(zip(op.inputs, wanted))]
@@ -718,8 +756,8 @@ class _Lowering:
         else:
             results = self.em.emit(op.name, operands, result_types, attrs, regions).results
         if vocab_axes:
-            results = [self._zero_foreign_rows(op, results[0], operands[1],
-                                               operands[0].type.shape[k])]
+            results = [self._zero_foreign_rows(results[0], operands[1],
+                                               operands[0].type.shape[k], offset_dims(op))]
         if op.name == "stablehlo.iota":
             results = [self._offset_iota(op, results[0], produced[0])]
         for r, x, lay in zip(op.results, results, produced):
@@ -808,10 +846,45 @@ class _Lowering:
         start = em.emit("stablehlo.convert", [start], [TensorType((), t.element)]).results[0]
         return em.emit("stablehlo.subtract", [clamped, em.broadcast(start, t)], [t]).results[0]
 
-    def _zero_foreign_rows(self, op: Op, gathered: Value, local_ids: Value, rows: int
-                           ) -> Value:
-        """Rows whose id is not in this tile (of `rows` rows) are zero, so the tiles' partial
-        results add up."""
+    def _lower_exchanged_scatter(self, op: Op, nest: tuple, axes: tuple[str, ...]) -> None:
+        """An embedding gradient's scatter-add made per vocabulary tile from every device's
+        updates (`scatter_exchange.py`): ids and updates gathered over `axes`, the ids shifted
+        into this device's rows, the updates of other rows zeroed."""
+        k = scatter_dim(op)
+        _, ids, updates = op.operands
+        result = op.results[0]
+
+        def kept(i: int) -> list[tuple[str, int]]:
+            return [(a, e.operands[i]) for a, e in nest
+                    if e.operands[i] is not None and a not in axes]
+
+        produced = Layout.from_tiles(
+            result.type.rank,
+            [(a, e.results[0]) for a, e in nest if not isinstance(e.results[0], Sum)]
+            + [(a, k) for a in axes],
+            [(a, e.results[0].reduction) for a, e in nest
+             if isinstance(e.results[0], Sum) and a not in axes])
+        local_ids = self.use(ids, Layout.from_tiles(ids.type.rank, kept(1)))
+        local_updates = self.use(updates, Layout.from_tiles(updates.type.rank, kept(2)))
+        zeros = self.em.splat(0, produced.local_type(result.type, self.mesh))
+        rows = zeros.type.shape[k]
+        shifted = self._local_ids(op, zeros, local_ids, k, axes)
+        local_updates = self._zero_foreign_rows(local_updates, shifted, rows,
+                                                update_window_dims(op))
+        t = shifted.type
+        clamped = self.em.emit("stablehlo.clamp", [self.em.splat(0, t), shifted,
+                                                   self.em.splat(rows - 1, t)], [t]).results[0]
+        attrs = dict(op.attributes)
+        regions = [clone_region(r, {}) for r in op.regions]
+        x = self.em.emit(op.name, [zeros, clamped, local_updates], [zeros.type], attrs,
+                         regions).results[0]
+        self.local[result] = (x, produced)
+
+    def _zero_foreign_rows(self, values: Value, local_ids: Value, rows: int,
+                           window_dims: list[int]) -> Value:
+        """Rows of `values` (a lookup's result or a scatter's updates: the dimensions not in
+        `window_dims` follow the ids) whose id is not in this tile (of `rows` rows) are zero,
+        so the tiles' partial results add up."""
         em, t = self.em, local_ids.type
         pred_t = TensorType(t.shape, "i1")
         ge = em.emit("stablehlo.compare", [local_ids, em.splat(0, t)], [pred_t],
@@ -822,10 +895,10 @@ class _Lowering:
         # indices [..., 1] -> the result's batch dimensions (those not in offset_dims).
         inside = em.emit("stablehlo.reshape", [inside], [TensorType(t.shape[:-1], "i1")]
                          ).results[0]
-        out_t = gathered.type
-        batch_dims = [d for d in range(out_t.rank) if d not in offset_dims(op)]
+        out_t = values.type
+        batch_dims = [d for d in range(out_t.rank) if d not in window_dims]
         mask = em.broadcast(inside, TensorType(out_t.shape, "i1"), batch_dims)
-        return em.emit("stablehlo.select", [mask, gathered, em.splat(0, out_t)], [out_t]
+        return em.emit("stablehlo.select", [mask, values, em.splat(0, out_t)], [out_t]
                        ).results[0]
 
     def _offset_iota(self, op: Op, local: Value, layout: Layout) -> Value:

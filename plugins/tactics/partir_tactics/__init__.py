@@ -13,9 +13,12 @@ Each returns a `ManualPartition`; compose them in a schedule list.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from partir_plugin import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition, hookimpl
-from partir_plugin.extend import PipelineParallel
+from partir_plugin.extend import PipelineParallel, Regather
+
+Selector = Any  # an int dimension, a partir selector constant, or (path, shape) -> dim | None
 
 
 def batch_parallel(axis: str = "batch", inputs: Sequence[str] = ("batch",), dim: int = 0,
@@ -32,22 +35,29 @@ def model_parallel(rule: Callable[[str, tuple], int | None], axis: str = "model"
 
 
 def zero2(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
-          name: str = "Z2") -> ManualPartition:
-    """Z2: shard optimizer state (and so gradients) on `axis`; keep parameters replicated."""
-    return ManualPartition({params: REPLICATED, opt_state: FIRST_DIVISIBLE_DIM}, axis=axis,
-                           name=name)
+          dim: Selector = FIRST_DIVISIBLE_DIM, name: str = "Z2") -> ManualPartition:
+    """Z2: shard optimizer state (and so gradients) on `axis`; keep parameters replicated.
+    `dim` picks each leaf's sharded dimension (as Z3's)."""
+    return ManualPartition({params: REPLICATED, opt_state: dim}, axis=axis, name=name)
 
 
 def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
-          regather: bool = False, name: str = "Z3") -> ManualPartition:
-    """Z3 (FSDP): shard parameters and optimizer state on `axis` (each on its first dimension
-    that divides, major first); parameters are gathered before use and their gradients
-    reduce-scattered. `regather=True` (FSDP's reshard-after-forward, and what jax.jit's
-    partitioner does) gathers a parameter afresh for each use, so the backward pass gathers
-    it again instead of the forward's copy staying alive until then: one more all_gather per
-    parameter for a smaller peak. `regather=False` keeps one gathered copy per step."""
-    return ManualPartition({params: FIRST_DIVISIBLE_DIM, opt_state: FIRST_DIVISIBLE_DIM},
-                           axis=axis, name=name, regather=(params,) if regather else ())
+          regather: bool | str = "vectors", dim: Selector = FIRST_DIVISIBLE_DIM,
+          name: str = "Z3") -> ManualPartition:
+    """Z3 (FSDP): shard parameters and optimizer state on `axis`; parameters are gathered
+    before use and their gradients reduce-scattered.
+
+    `dim` picks each leaf's sharded dimension: `FIRST_DIVISIBLE_DIM` (the default: the most
+    major dimension that still divides, so a gathered or scattered tile is one contiguous
+    block; after MP, the next one), an int, or a rule `(path, shape) -> dim | None`.
+    `regather` says which parameters are gathered afresh for each use, so the backward pass
+    gathers them again instead of keeping the forward's copy alive: "vectors" (the default:
+    norm scales and biases, as jax.jit's partitioner does; it saves XLA a `[batch, seq, d]`
+    broadcast buffer per norm), True / "all" (FSDP's reshard-after-forward: one more
+    all_gather per parameter), False / "none" (one gathered copy per step)."""
+    policy = {True: Regather.ALL, False: Regather.NONE}.get(regather, regather)
+    return ManualPartition({params: dim, opt_state: dim}, axis=axis, name=name,
+                           regather={params: Regather(policy)})
 
 
 def embedding(axis: str = "model", params: str = "params", match: str = "embedding",
