@@ -272,3 +272,59 @@ def test_sorted_unique_index_hints_are_dropped_on_padded_indices():
     padded = [line for line in text.splitlines()
               if ("stablehlo.gather" in line or "stablehlo.scatter" in line) and "2x1xi32" in line]
     assert padded and not any("= true" in line for line in padded)
+
+
+def _sgd_step(loss):
+    """The loss and one SGD update of the table (the update tiles the table's gradient like
+    the table, as ZeRO's optimizer state does)."""
+    def step(table, ids):
+        value, grad = jax.value_and_grad(loss)(table, ids)
+        return value, table - 0.1 * grad
+    return step
+
+
+def _scatter_results(f, *args) -> list[str]:
+    """The device-local result type of each scatter (its region closes the op: the type is
+    on the line closing it)."""
+    lines = f.lower(*args).as_text().splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if "stablehlo.scatter" in line:
+            end = next(x for x in lines[i:] if x.strip().startswith("})"))
+            found.append(end.rsplit("->", 1)[-1].strip())
+    return found
+
+
+def test_embedding_gradient_exchange_into_padded_vocabulary_tiles():
+    """Batch and an uneven vocabulary (1001) tiled on the same axis: the table's gradient is
+    made per padded vocabulary tile from every device's updates (spmd/scatter_exchange.py)."""
+    table = np.random.default_rng(0).normal(size=(1001, 8)).astype(np.float32)
+    ids = np.random.default_rng(1).integers(0, 1001, size=(16, 3)).astype(np.int32)
+
+    def loss(table, ids):
+        return jnp.mean(jnp.tanh(table[ids]) ** 2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+        f, meta = _check(_sgd_step(loss), (table, ids), {"table": 0, "ids": 0},
+                         uneven_outputs="replicate")
+        assert _scatter_results(f, table, ids) == ["tensor<126x8xf32>"]
+    assert any("pad size 1001 over 'm'(8)" in line for line in meta.tactics[-1].padding)
+
+
+@pytest.mark.parametrize("ids_dim", [0, 1])
+def test_embedding_gradient_exchange_with_padded_batch_on_another_axis(ids_dim):
+    """The exchange over 'b' while a batch of 10 stays summed over 'a' (3 ways: padded): the
+    updates' padding on 'a' is masked before the scatter (garbage ids would add garbage rows
+    of the table's gradient)."""
+    table = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    ids = np.random.default_rng(1).integers(0, 40, size=(10, 4)).astype(np.int32)
+
+    def loss(table, ids):
+        return jnp.sum(jnp.tanh(table[ids]) ** 2)
+
+    schedule = [partir.ManualPartition({"ids": 0}, axis="a"),
+                partir.ManualPartition({"table": 0, "ids": ids_dim}, axis="b")]
+    f, _ = _check(_sgd_step(loss), (table, ids), None, mesh={"a": 3, "b": 2},
+                  schedule=schedule)
+    assert _scatter_results(f, table, ids) == ["tensor<20x8xf32>"]

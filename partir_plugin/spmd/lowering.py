@@ -864,8 +864,13 @@ class _Lowering:
             + [(a, k) for a in axes],
             [(a, e.results[0].reduction) for a, e in nest
              if isinstance(e.results[0], Sum) and a not in axes])
-        local_ids = self.use(ids, Layout.from_tiles(ids.type.rank, kept(1)))
-        local_updates = self.use(updates, Layout.from_tiles(updates.type.rank, kept(2)))
+        local = [self.use(ids, Layout.from_tiles(ids.type.rank, kept(1))),
+                 self.use(updates, Layout.from_tiles(updates.type.rank, kept(2)))]
+        # Tiles still summed over other axes may be padded: their padding is masked as any
+        # Sum entry's (`masking.py`).
+        for mask in masks(op, tuple((a, e) for a, e in nest if a not in axes), self.mesh):
+            local[mask.operand - 1] = apply_mask(self.em, local[mask.operand - 1], mask)
+        local_ids, local_updates = local
         zeros = self.em.splat(0, produced.local_type(result.type, self.mesh))
         rows = zeros.type.shape[k]
         shifted = self._local_ids(op, zeros, local_ids, k, axes)
@@ -875,6 +880,8 @@ class _Lowering:
         clamped = self.em.emit("stablehlo.clamp", [self.em.splat(0, t), shifted,
                                                    self.em.splat(rows - 1, t)], [t]).results[0]
         attrs = dict(op.attributes)
+        if "unique_indices" in attrs:  # foreign ids are clamped onto the same rows
+            attrs["unique_indices"] = "false"
         regions = [clone_region(r, {}) for r in op.regions]
         x = self.em.emit(op.name, [zeros, clamped, local_updates], [zeros.type], attrs,
                          regions).results[0]
