@@ -20,6 +20,7 @@ _EXPORTS = {
     "Regather": "tactics",
     "Metadata": "metadata", "TacticReport": "metadata",
     "PartitionError": "errors", "InputMismatchError": "errors",
+    "UnevenOutputWarning": "errors",
     "PartitionWarning": "tactics", "Budget": "search", "SearchResult": "search",
     "Decision": "search", "DecisionKind": "search", "FrozenPartition": "search",
     "hookimpl": "hookspecs",

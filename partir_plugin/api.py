@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core.mesh import Mesh
+from .core.padding import PaddingPolicy, UnevenOutputs
 from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
 from .metadata import Metadata
@@ -118,7 +119,8 @@ class PartitionedFunction:
 
     def __init__(self, fn, mesh, schedule: Sequence, donate_argnums=(), hardware=None,
                  metadata: Metadata | None = None, conflicts: str = "redistribute",
-                 scatter_sums: bool | None = None):
+                 scatter_sums: bool | None = None, padding: str = "allow",
+                 uneven_outputs: str = "error"):
         import functools
 
         import jax
@@ -131,6 +133,8 @@ class PartitionedFunction:
                             else donate_argnums)
         self.hardware = hardware
         self.conflicts = ConflictPolicy.of(conflicts)
+        self.padding = PaddingPolicy.of(padding)
+        self.uneven_outputs = UnevenOutputs.of(uneven_outputs)
         # XLA:CPU runs a pending sum faster all-reduced (and combined) then sliced than
         # reduce-scattered; elsewhere reduce_scatter (`PartitionState.scatter_sums`).
         self.scatter_sums = (self.jax_mesh.devices.flat[0].platform != "cpu"
@@ -179,7 +183,9 @@ class PartitionedFunction:
         traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
         part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
                               hardware=self.hardware, arg_names=traced.arg_names,
-                              conflicts=self.conflicts, scatter_sums=self.scatter_sums)
+                              conflicts=self.conflicts, scatter_sums=self.scatter_sums,
+                              padding=self.padding, uneven_outputs=self.uneven_outputs,
+                              out_names=traced.out_names)
         program = part.program
         function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"), program.text(),
                                        self.jax_mesh, program.in_layouts, program.out_layouts,
@@ -213,7 +219,8 @@ class PartitionedFunction:
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
-        conflicts: str = "redistribute", scatter_sums: bool | None = None
+        conflicts: str = "redistribute", scatter_sums: bool | None = None,
+        padding: str = "allow", uneven_outputs: str = "error"
         ) -> tuple[PartitionedFunction, Metadata]:
     """Partition `fn` over `mesh` with `schedule` (a list of tactics), like `jax.jit`.
 
@@ -233,10 +240,21 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
     None picks by the mesh's platform: False on CPU, where XLA combines all-reduces and runs
     them faster than reduce-scatters (docs/BENCHMARKS.md), True elsewhere (XLA:GPU also turns
     all-reduce + slice into reduce-scatter itself).
+
+    `padding`: "allow" (the default) lets a tiling pad a dimension its axes do not divide (a
+    batch of 12 over 8 devices: tiles of 2, the last ones partly padding; the lowering masks
+    the padding where an op would read it, docs/redistribution.md); "error" makes any padding
+    a PartitionError (propagation then never pads). Program inputs tiled unevenly come in on
+    their largest divisible layout and are sliced on the devices.
+
+    `uneven_outputs`: an output tiled unevenly is a PartitionError naming it, its dimension,
+    the sizes and the tactic ("error", the default), or is gathered to its largest divisible
+    layout and trimmed, with an `UnevenOutputWarning` ("replicate").
     """
     hardware = resolve_hardware_option(hardware)
     f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware,
-                            conflicts=conflicts, scatter_sums=scatter_sums)
+                            conflicts=conflicts, scatter_sums=scatter_sums, padding=padding,
+                            uneven_outputs=uneven_outputs)
     return f, f.metadata
 
 

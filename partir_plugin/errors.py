@@ -9,6 +9,11 @@ class InputMismatchError(TypeError):
     """A partitioned callable called with arguments of another structure, shape or dtype."""
 
 
+class UnevenOutputWarning(UserWarning):
+    """A program output tiled unevenly, gathered and trimmed at the program's boundary
+    (`partir.jit(..., uneven_outputs="replicate")`)."""
+
+
 class PluginError(RuntimeError):
     """Plugins that cannot be loaded together: a misspelled hook implementation, or two
     plugins contributing the same name (the message names both)."""

@@ -39,6 +39,9 @@ class TacticReport:
     resolutions: list[str] = field(default_factory=list)
     # What tactics so far said about the program (`PartitionState.notes`).
     notes: list[str] = field(default_factory=list)
+    # One line per padded dimension of the program as it stands (`core/padding.py`): its
+    # size, axes, padding and the masks the lowering put before the ops that read it.
+    padding: list[str] = field(default_factory=list)
     # Per collective op of the program, what the row knew when it was made; `records` turns
     # them into `CollectiveRecord`s on first read (parsing source locations then).
     sites: list[CollectiveSite] = field(default_factory=list, compare=False, repr=False)
@@ -178,6 +181,7 @@ class Metadata:
         if last.unsupported_ops:
             out.append("ops without a TMR rule, kept replicated: " + ", ".join(
                 f"{k} x{v}" for k, v in sorted(last.unsupported_ops.items())))
+        out += last.padding
         shown = noted = 0
         for t in self.tactics:
             for note in t.notes[noted:]:

@@ -7,17 +7,19 @@ searchers that need to try a schedule without compiling it).
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .core.actions import Leaf, TacticContext
 from .core.mesh import Mesh
+from .core.padding import PaddingPolicy, UnevenOutputs
 from .core.propagation import propagate
 from .core.resolution import ConflictPolicy
 from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry
-from .errors import PartitionError, UnknownNameError
+from .errors import PartitionError, UnevenOutputWarning, UnknownNameError
 from .ir.graph import Func, gc_paused, walk
 from .ir.importer import import_lowered
 from .metadata import TacticReport
@@ -25,6 +27,7 @@ from .records import ProgramIndex, attribute_tactics, collective_sites
 from .simulation import HardwareSpec, SimulationResult
 from .spmd.collectives import sliced_all_reduces
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
+from .spmd.masking import padding_report
 
 
 def key_path_str(path) -> str:
@@ -63,6 +66,7 @@ class Traced:
     in_tree: Any
     out_tree: Any
     out_avals: list
+    out_names: list[str] | None = None  # each output leaf as "output <path>"
 
 
 def aval_key(x) -> tuple:
@@ -114,7 +118,10 @@ def trace(fn, args: tuple, hooks: Sequence = ()) -> Traced:
         leaves.append(Leaf(name, path, v))
     func.arg_names = [lf.qualified for lf in leaves]
     out_avals = jax.tree_util.tree_leaves(lowered.out_info)
-    return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals)
+    out_names = [f"output {key_path_str(path)!r}" if path else "output"
+                 for path, _ in jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
+    return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals,
+                  out_names)
 
 
 @dataclass
@@ -233,6 +240,7 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
                         resolutions=[str(r) for r in state.resolutions],
                         notes=[*state.notes, *map(str, program.boundary_drops),
                                *_sum_notes(program, state)],
+                        padding=padding_report(state),
                         timeline=result.timeline if result is not None else [])
 
 
@@ -250,26 +258,68 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
                    registry: TileMappingRegistry | None = None,
                    arg_names: list[str] | None = None,
                    conflicts: str | ConflictPolicy = ConflictPolicy.REDISTRIBUTE,
-                   scatter_sums: bool = True) -> Partitioned:
+                   scatter_sums: bool = True,
+                   padding: str | PaddingPolicy = PaddingPolicy.ALLOW,
+                   uneven_outputs: str | UnevenOutputs = UnevenOutputs.ERROR,
+                   out_names: list[str] | None = None) -> Partitioned:
     """Apply each tactic then `propagate`, and lower the final state to the device-local
     program. The per-tactic report rows are made when first read (`TacticReports`); an unknown
-    `hardware` name fails here, not then. `scatter_sums`: `PartitionState.scatter_sums`."""
+    `hardware` name fails here, not then. `scatter_sums`: `PartitionState.scatter_sums`.
+    `padding`, `uneven_outputs`: `partir.jit`'s options of those names; `out_names` name the
+    outputs in their messages."""
     from .simulation import resolve_hardware_option
 
     hardware = resolve_hardware_option(hardware)
     policy = ConflictPolicy.of(conflicts)
+    boundary = _Boundary(PaddingPolicy.of(padding), UnevenOutputs.of(uneven_outputs),
+                         out_names)
     with gc_paused():
         return _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
-                               policy, scatter_sums)
+                               policy, scatter_sums, boundary)
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    """How a schedule treats padding and the outputs it tiles unevenly."""
+
+    padding: PaddingPolicy
+    uneven_outputs: UnevenOutputs
+    out_names: list[str] | None
+
+    def check_outputs(self, state: PartitionState, after: list[_AfterTactic]) -> None:
+        """Outputs tiled unevenly: a PartitionError naming each (path, dimension, sizes and
+        the tactic that first tiled it so), or with `UnevenOutputs.REPLICATE` a warning (the
+        lowering gathers them to their largest divisible layout and trims)."""
+        found = []
+        for i, v in enumerate(state.func.returns):
+            if not v.type.is_tensor:
+                continue
+            for d, p in state.padded_dims(v).items():
+                name = self.out_names[i] if self.out_names else f"output {i}"
+                tactic = next((t.name for t in after if d in t.state.padded_dims(v)), "?")
+                sizes = " x ".join(str(k) for k in p.sizes)
+                found.append(f"{name} of shape {v.type.shape}: dimension {d} of size {p.n} "
+                             f"is tiled {sizes} ways over {', '.join(map(repr, p.axes))} by "
+                             f"tactic {tactic!r}, which does not divide it")
+        if not found:
+            return
+        if self.uneven_outputs is UnevenOutputs.ERROR:
+            raise PartitionError(
+                "program outputs must be tiled evenly (jax shards only divisible "
+                "dimensions): " + "; ".join(found) + ". Pass uneven_outputs='replicate' to "
+                "gather and trim them, or tile the output on an axis that divides it")
+        warnings.warn("outputs tiled unevenly are gathered and trimmed: " + "; ".join(found),
+                      UnevenOutputWarning, stacklevel=5)
 
 
 def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names, policy,
-                    scatter_sums) -> Partitioned:
+                    scatter_sums, boundary: _Boundary) -> Partitioned:
     from .kernel import default_registry
 
     state = PartitionState(func, mesh, registry or default_registry(),
                            resolve_conflicts=policy is ConflictPolicy.REDISTRIBUTE,
-                           scatter_sums=scatter_sums)
+                           scatter_sums=scatter_sums,
+                           allow_padding=boundary.padding is PaddingPolicy.ALLOW)
     after = []
     for tactic in schedule:
         if hasattr(tactic, "reserve"):
@@ -291,6 +341,7 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
     for tactic in schedule:  # checks that need the whole schedule's decisions (PP)
         if hasattr(tactic, "finish"):
             tactic.finish(state)
+    boundary.check_outputs(state, after)
     # `after[-1].state` is `state` itself (and `finish` changed it in place), so the final
     # program is also the last row's.
     program = lower_to_spmd(state)

@@ -172,7 +172,8 @@ class ManualPartition:
         if sel is FIRST_DIVISIBLE_DIM:
             values = [target.value] if isinstance(target, Leaf) else ctx.state.tagged(target)
             for d in range(len(shape)):
-                if all(ctx.state.can_tile(v, d, self.axis) is None for v in values):
+                if all(ctx.state.can_tile(v, d, self.axis, padding=False) is None
+                       for v in values):
                     ctx.tile(target, d, self.axis)
                     return
             return

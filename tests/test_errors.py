@@ -16,18 +16,18 @@ ARGS = (np.ones((256, 8), np.float32), np.ones((8, 16), np.float32),
         np.ones((16, 8), np.float32))
 
 
-def _lower(schedule, mesh=None, args=ARGS):
-    step, _ = partir.jit(f, mesh or {"B": 4, "M": 2}, schedule)
+def _lower(schedule, mesh=None, args=ARGS, **options):
+    step, _ = partir.jit(f, mesh or {"B": 4, "M": 2}, schedule, **options)
     return step.lower(*args)
 
 
-def test_not_divisible_names_argument_dimension_axis_and_sizes():
+def test_not_divisible_with_padding_off_names_argument_dimension_axis_and_sizes():
     args = (np.ones((250, 8), np.float32), *ARGS[1:])
     with pytest.raises(partir.PartitionError) as e:
-        _lower([partir.ManualPartition({"x": 0}, axis="B")], args=args)
+        _lower([partir.ManualPartition({"x": 0}, axis="B")], args=args, padding="error")
     msg = str(e.value)
     assert "'x'" in msg and "dimension 0" in msg and "'B'" in msg
-    assert "250" in msg and "size 4" in msg
+    assert "250" in msg and "size 4" in msg and "padding" in msg
 
 
 def test_unknown_argument_name():

@@ -10,13 +10,15 @@ indices (add with repeats, set), 1-D convolution (stride, SAME/VALID, window dil
 reduce_window pooling, cumsum, `partir_plugin.roll`, a while loop reading an outer value and a
 scan over a stacked weight).
 Dimensions are powers of two, one in five uneven (12 or 37: no axis, or not every axis,
-divides them). Result shapes come from jax's own shape rules (`result_shape`). `build` turns
-a recipe into a Python function, so hypothesis shrinks a failure to a small recipe. One
-example in four checks the value and the gradients (every argument) of the sum of the
-outputs' mean sines instead, so backward passes are partitioned too. A schedule is 1-3 tactics,
-each tiling random argument dimensions on one mesh axis, under either conflict policy
-(resolved by redistribution, or stopped); choices that the current state cannot take
-(already tiled on that axis, or a size the state refuses) are skipped.
+divides them), which are tiled with padding (issue 21: padded tiles, masked where read;
+outputs tiled unevenly are gathered and trimmed, `uneven_outputs="replicate"`). Result
+shapes come from jax's own shape rules (`result_shape`). `build` turns a recipe into a
+Python function, so hypothesis shrinks a failure to a small recipe. One example in four
+checks the value and the gradients (every argument) of the sum of the outputs' mean sines
+instead, so backward passes are partitioned too. A schedule is 1-3 tactics, each tiling
+random argument dimensions on one mesh axis, under either conflict policy (resolved by
+redistribution, or stopped); choices that the current state cannot take (already tiled on
+that axis) are skipped.
 
 Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
 reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.
@@ -25,6 +27,7 @@ reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import jax
@@ -362,7 +365,7 @@ def recipes(draw) -> Recipe:
 
 class TileIfPossible:
     """A tactic tiling `(arg index, dim)` pairs on `axis`, skipping those the current state
-    cannot take (not divisible by the axis, or the value is already tiled on it)."""
+    cannot take (the value is already tiled on it; uneven sizes are padded)."""
 
     def __init__(self, axis: str, tiles: tuple[tuple[int, int], ...]):
         self.axis = axis
@@ -409,8 +412,11 @@ def check(recipe: Recipe, schedule, conflicts: str = "redistribute", grad: bool 
             return jax.value_and_grad(total, argnums=tuple(range(len(args))))(*args)
     rng = np.random.default_rng(0)
     args = [rng.uniform(-1, 1, s).astype(np.float32) for s in recipe.args]
-    step, meta = partir.jit(fn, MESH, schedule, conflicts=conflicts)
-    got = step(*args)
+    step, meta = partir.jit(fn, MESH, schedule, conflicts=conflicts,
+                            uneven_outputs="replicate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+        got = step(*args)
     want = jax.jit(fn)(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert g.shape == w.shape, (g.shape, w.shape)
@@ -447,3 +453,24 @@ def test_dot_reshape_reduce_example():
         outputs=(("v", 7), ("v", 3)))
     check(recipe, [TileIfPossible("a", ((0, 0),)), TileIfPossible("b", ((1, 1), (2, 2))),
                    TileIfPossible("b", ((0, 1),))])
+
+
+def test_uneven_example():
+    """A hand-picked recipe on uneven sizes, with and without gradients: 37 (no axis divides
+    it) tiled on 'a' through a max and a cumsum; 12 tiled on 'b' then 'a', or on 'a' (4
+    divides it) then 'b' (2 does not divide the 3 left), a contraction padded level by
+    level."""
+    recipe = Recipe(
+        args=((37, 12), (12, 8)),
+        ops=(("dot", ("a", 0), ("a", 1), (1, 0), None),            # v0: 37x8, contracts 12
+             ("unary", "tanh", ("v", 0)),                          # v1: 37x8
+             ("reduce", "max", ("v", 1), 0),                       # v2: 8
+             ("cumsum", ("v", 1), 0, False),                       # v3: 37x8
+             ("binary", "mul", ("v", 3), ("v", 1))),               # v4: 37x8
+        outputs=(("v", 4), ("v", 2)))
+    rows = [TileIfPossible("a", ((0, 0),)), TileIfPossible("b", ((1, 0),)),
+            TileIfPossible("a", ((1, 0),))]
+    contraction = [TileIfPossible("a", ((1, 0),)), TileIfPossible("b", ((1, 0),))]
+    for schedule in (rows, contraction):
+        for grad in (False, True):
+            check(recipe, schedule, grad=grad)

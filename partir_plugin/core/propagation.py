@@ -38,8 +38,8 @@ def _constraints(state: PartitionState, op: Op, axis: str):
 
 
 def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
-    """Can `op` be wrapped in a loop over `axis` with entry `e` (divisibility, atomics)?"""
-    size = state.mesh.axis_size(axis)
+    """Can `op` be wrapped in a loop over `axis` with entry `e` (atomics, tilings, and
+    divisibility unless the entry may run on padded tiles)?"""
     for v, d in zip(op.inputs, e.operands):
         if d is None:
             continue
@@ -47,25 +47,17 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
             continue
         if state.can_tile(v, d, axis) is not None:
             return False
-        if e.factor_size % (state.tiled_product(v, d) * size):
-            return False
     for r, action in zip(op.results, e.results):
         if isinstance(action, Sum):
             continue
-        done = 1
-        for a, entry in state.nest_of(op):
-            if entry.results[r.index] == action:
-                done *= state.mesh.axis_size(a)
-        if (r, axis) in state.atomic or e.factor_size % (done * size):
-            return False
-        if r.type.shape[action] % (done * size):
+        if (r, axis) in state.atomic:
             return False
         existing = state.dim_of(r, axis)
         if existing is not None and existing != action:
             return False
         if state.overlapping(r, axis) is not None:
             return False
-    return True
+    return not state.entry_pads(op, axis, e) or state.padding_allowed(op, e)
 
 
 def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:

@@ -106,8 +106,7 @@ def _moves(state: PartitionState, op: Op, axis: str, e: TMREntry) -> list[Move] 
         if cur == d:
             continue
         if cur is None:  # inference slices it: no communication
-            if state.can_tile(v, d, axis) is not None or \
-                    e.factor_size % (state.tiled_product(v, d) * size):
+            if state.can_tile(v, d, axis) is not None:
                 return None
             continue
         local = _local_bytes(state, v)
@@ -115,8 +114,7 @@ def _moves(state: PartitionState, op: Op, axis: str, e: TMREntry) -> list[Move] 
             moves.append(Move(f"operand {i}", str(v.type), cur, None, "all_gather",
                               local * (size - 1), _is_argument(state, v)))
             continue
-        extent = state.local_extent(v, d)
-        if extent % size or e.factor_size % (state.tiled_product(v, d) * size):
+        if state.local_extent(v, d) % size and not state.allow_padding:
             return None
         moves.append(Move(f"operand {i}", str(v.type), cur, d, "all_to_all",
                           local * (size - 1) // size, _is_argument(state, v)))
@@ -133,8 +131,8 @@ def _moves(state: PartitionState, op: Op, axis: str, e: TMREntry) -> list[Move] 
             continue
         if cur is not None and cur != action:
             return None
-        if cur is None and (r.type.shape[action] % size or e.factor_size % size):
-            return None
+    if state.entry_pads(op, axis, e) and not state.padding_allowed(op, e):
+        return None
     return moves
 
 

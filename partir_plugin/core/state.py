@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import PartitionError
 from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
 from .mesh import Mesh
+from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
 from .subaxis import is_sub_axis, parent_of
 from .tmr import Sum, TileMappingRegistry, TMREntry
 
@@ -63,6 +64,9 @@ class PartitionState:
     # Values gathered again for each consumer instead of once for all (ZeRO-3's parameters:
     # the backward pass gathers them afresh rather than keeping the forward's copy alive).
     regather: set[Value] = field(default_factory=set)
+    # May a tiling pad a dimension its axes do not divide (`core/padding.py`)? False: never
+    # inferred by propagation, a PartitionError where a tactic asks for it.
+    allow_padding: bool = True
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -137,16 +141,52 @@ class PartitionState:
     def sub_axis_count(self) -> int:
         return len(self._sub_axes)
 
+    def axes_on(self, v: Value, dim: int) -> tuple[str, ...]:
+        """The axes tiling `dim` of `v`, outer first."""
+        return tuple(a for a, d in self.tiles_of(v) if d == dim)
+
     def local_extent(self, v: Value, dim: int) -> int:
-        """Size of `dim` of `v` after its current tiling."""
-        size = v.type.shape[dim]
-        for a, d in self.tiles_of(v):
-            if d == dim:
-                size //= self.mesh.axis_size(a)
-        return size
+        """Size of `dim` of `v` after its current tiling (padded where the axes do not
+        divide it: `core/padding.py`)."""
+        return local_extent(v.type.shape[dim], [self.mesh.axis_size(a)
+                                                for a in self.axes_on(v, dim)])
 
     def tiled_product(self, v: Value, dim: int) -> int:
-        return v.type.shape[dim] // self.local_extent(v, dim)
+        """How many tiles `dim` of `v` is cut into (the product of its axes' sizes)."""
+        return self.mesh.product(self.axes_on(v, dim))
+
+    def padded_dims(self, v: Value) -> dict[int, PaddedDim]:
+        """The dimensions of `v` its tiling pads, by dimension."""
+        out = {}
+        for d in sorted({d for _, d in self.tiles_of(v)}):
+            axes = self.axes_on(v, d)
+            sizes = tuple(self.mesh.axis_size(a) for a in axes)
+            if is_padded(v.type.shape[d], sizes):
+                out[d] = PaddedDim(v.type.shape[d], axes, sizes)
+        return out
+
+    def entry_pads(self, op: Op, axis: str, entry: TMREntry) -> bool:
+        """Would looping `op` over `axis` with `entry` leave a dimension it tiles padded (or
+        split a factor unevenly)?"""
+        def pads(n: int, axes: list[str]) -> bool:
+            return (is_padded(n, [self.mesh.axis_size(a) for a in axes])
+                    or entry.factor_size % self.mesh.product(axes) != 0)
+
+        for v, d in zip(op.inputs, entry.operands):
+            if d is not None:
+                axes = list(self.axes_on(v, d))
+                if pads(v.type.shape[d], axes if axis in axes else [*axes, axis]):
+                    return True
+        for r, action in zip(op.results, entry.results):
+            if not isinstance(action, Sum) and pads(r.type.shape[action], [
+                    *(a for a, e in self.nest_of(op) if e.results[r.index] == action), axis]):
+                return True
+        return False
+
+    def padding_allowed(self, op: Op, entry: TMREntry) -> bool:
+        """May `op` run `entry` on padded tiles (padding on, and an entry that keeps padding in
+        padding or whose reads of it the lowering masks)?"""
+        return self.allow_padding and entry_allows_padding(op, entry)
 
     def tagged(self, name: str) -> list[Value]:
         """Every value tagged `name`, in program order."""
@@ -155,8 +195,11 @@ class PartitionState:
         return self.tags[name]
 
     # -- actions ------------------------------------------------------------------------
-    def can_tile(self, v: Value, dim: int, axis: str) -> str | None:
-        """Why `v` cannot be tiled on (dim, axis), or None if it can."""
+    def can_tile(self, v: Value, dim: int, axis: str, padding: bool | None = None
+                 ) -> str | None:
+        """Why `v` cannot be tiled on (dim, axis), or None if it can. `padding`: may the tile
+        pad the dimension (None: the state's `allow_padding`; False: only even tiles, what
+        a tactic that looks for divisible dimensions asks)."""
         reason = self._sub_axis_conflict(v, axis)
         if reason is not None:
             return reason
@@ -169,9 +212,11 @@ class PartitionState:
             return f"it is already tiled on axis {axis!r} (dimension {current})"
         extent = self.local_extent(v, dim)
         size = self.mesh.axis_size(axis)
-        if extent % size:
+        if extent % size and not (self.allow_padding if padding is None else padding):
+            policy = "" if self.allow_padding else " (padding='error')"
             return (f"dimension {dim} has local size {extent} (global {v.type.shape[dim]}), "
-                    f"not divisible by axis {axis!r} of size {size}")
+                    f"not divisible by axis {axis!r} of size {size}, and padding is "
+                    f"off{policy}")
         return None
 
     def _sub_axis_conflict(self, v: Value, axis: str) -> str | None:

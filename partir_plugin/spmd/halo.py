@@ -26,7 +26,6 @@ from ..core.windows import (
 from ..ir.attributes import i64_array
 from ..ir.graph import Op, Value
 from ..ir.locations import parse_location
-from ..ir.types import TensorType
 from .layout import Layout
 
 
@@ -108,16 +107,10 @@ def _pad_value(em, op: Op, i: int, operands: list[Value]) -> Value:
 
 
 def _boundary(em, x: Value, fill: Value, axes, edge: int) -> Value:
-    """`x` where this device is the `edge`-th block along `axes` (0 or k-1), else `fill`
-    broadcast: the halo a device at the global boundary reads is the op's padding."""
-    flags = [int(b == edge) for b in em.block_index(axes)]
-    at_edge = em.emit("stablehlo.compare", [em.per_device(flags), em.scalar(1, "i32")],
-                      [TensorType((), "i1")],
-                      {"comparison_direction": "#stablehlo<comparison_direction EQ>"}
-                      ).results[0]
-    mask = em.broadcast(at_edge, TensorType(x.type.shape, "i1"))
-    return em.emit("stablehlo.select", [mask, em.broadcast(fill, x.type), x], [x.type]
-                   ).results[0]
+    """`x`, or `fill` where this device is the `edge`-th block along `axes` (0 or k-1): the
+    halo a device at the global boundary reads is the op's padding."""
+    inside = em.device_flag([int(b != edge) for b in em.block_index(axes)])
+    return em.where(inside, x, fill)
 
 
 def _exchange(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:

@@ -7,6 +7,7 @@ import functools
 from dataclasses import dataclass
 
 from ..core.mesh import Mesh
+from ..core.padding import divisible_prefix, is_padded, local_extent
 from ..ir.types import TensorType
 
 
@@ -35,8 +36,23 @@ class Layout:
         return _local_type(self.dims, global_type, mesh)
 
     def local_shape(self, shape: tuple[int, ...], mesh: Mesh) -> tuple[int, ...]:
-        """Each device's tile of a `shape` array with this layout."""
-        return tuple(s // mesh.product(d) for s, d in zip(shape, self.dims))
+        """Each device's tile of a `shape` array with this layout (padded where the axes do
+        not divide a dimension: `core/padding.py`)."""
+        return tuple(local_extent(s, [mesh.axis_size(a) for a in d])
+                     for s, d in zip(shape, self.dims))
+
+    def padded(self, shape: tuple[int, ...], mesh: Mesh) -> list[int]:
+        """The dimensions this layout pads for a `shape` array."""
+        return [i for i, (s, d) in enumerate(zip(shape, self.dims))
+                if d and is_padded(s, [mesh.axis_size(a) for a in d])]
+
+    def divisible(self, shape: tuple[int, ...], mesh: Mesh) -> Layout:
+        """The largest layout like this one that pads nothing: each dimension keeps the
+        leading axes that divide it (what a program's boundary can carry, jax needing
+        divisible shardings)."""
+        dims = tuple(d[:divisible_prefix(s, [mesh.axis_size(a) for a in d])]
+                     for s, d in zip(shape, self.dims))
+        return Layout(dims, self.partial)
 
     def spec(self):
         """The equivalent `jax.sharding.PartitionSpec`."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..core.gather import lookup_dim, offset_dims, scatter_dim, update_window_dims
 from ..core.mesh import Mesh
+from ..core.padding import ceil_div, is_padded, local_extent, tile_bounds
 from ..core.state import PartitionState
 from ..core.tmr import Sum
 from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
@@ -29,6 +30,7 @@ from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
+from .masking import apply_mask, drop_index_hints, masks
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
 from .scatter_exchange import exchange_axes
@@ -105,10 +107,17 @@ class _Emitter:
                          {"value": f"dense<[{body}]> : {t}"}).results[0]
 
     def scalar(self, n: int | float, element: str) -> Value:
-        literal = (f"{float(n):e}" if element.startswith(("f", "bf")) else str(int(n)))
+        if element == "i1":
+            return self.literal("true" if n else "false", element)
+        return self.literal(f"{float(n):e}" if element.startswith(("f", "bf")) else str(int(n)),
+                            element)
+
+    def literal(self, text: str, element: str) -> Value:
+        """A scalar constant spelled `text` (a dense attribute's body: a number, a hex bit
+        pattern for an infinity, true/false)."""
         t = TensorType((), element)
         return self.emit("stablehlo.constant", [], [t],
-                         {"value": f"dense<{literal}> : {t}"}).results[0]
+                         {"value": f"dense<{text}> : {t}"}).results[0]
 
     def broadcast(self, scalar: Value, to: TensorType, dims: list[int] | None = None) -> Value:
         """`scalar` (or a lower-rank value along `dims`) broadcast to type `to`."""
@@ -133,6 +142,33 @@ class _Emitter:
         one = self.emit("stablehlo.dynamic_slice", [table, self.device()],
                         [TensorType((1,), "i32")], {"slice_sizes": i64_array([1])}).results[0]
         return self.emit("stablehlo.reshape", [one], [_I32]).results[0]
+
+    def tile_starts(self, n: int, axes: tuple[str, ...]) -> list[int]:
+        """Per replica, where its tile of a dimension of size `n` tiled over `axes` starts
+        (with padded tiles, `core/padding.py`, not simply block index x tile extent)."""
+        sizes = [self.mesh.axis_size(a) for a in axes]
+        return [tile_bounds(n, sizes, [self.mesh.coords(r)[a] for a in axes])[0]
+                for r in range(self.mesh.size)]
+
+    def pad_to(self, x: Value, dim: int, extent: int) -> Value:
+        """`x` padded on the right of `dim` to `extent` rows (zeros: padding's contents are
+        unspecified, `core/padding.py`)."""
+        if x.type.shape[dim] == extent:
+            return x
+        rank = x.type.rank
+        high = [0] * rank
+        high[dim] = extent - x.type.shape[dim]
+        shape = list(x.type.shape)
+        shape[dim] = extent
+        return self.emit("stablehlo.pad", [x, self.scalar(0, x.type.element)],
+                         [x.type.with_shape(tuple(shape))],
+                         {"edge_padding_low": i64_array([0] * rank),
+                          "edge_padding_high": i64_array(high),
+                          "interior_padding": i64_array([0] * rank)}).results[0]
+
+    def trim_to(self, x: Value, dim: int, extent: int) -> Value:
+        """The first `extent` rows of `dim` (a gathered padded tile cut to its parent's)."""
+        return x if x.type.shape[dim] == extent else self.slice(x, dim, 0, extent)
 
     def block_index(self, axes: tuple[str, ...]) -> list[int]:
         """Per replica, its block index along `axes` (first axis major)."""
@@ -254,17 +290,31 @@ class _Emitter:
                          [parts[0].type.with_shape(tuple(shape))],
                          {"dimension": f"{dim} : i64"}).results[0]
 
+    def compare(self, x: Value, y: Value, direction: str) -> Value:
+        """`x <direction> y` elementwise (EQ, LT, GE, ...), as i1."""
+        return self.emit("stablehlo.compare", [x, y], [TensorType(x.type.shape, "i1")],
+                         {"comparison_direction":
+                          f"#stablehlo<comparison_direction {direction}>"}).results[0]
+
+    def device_flag(self, flags: list[int]) -> Value:
+        """A scalar i1: `flags[partition_id]` on each device."""
+        return self.compare(self.per_device(flags), self.scalar(1, "i32"), "EQ")
+
+    def where(self, keep: Value, x: Value, fill: Value) -> Value:
+        """`x` where `keep` (a scalar, or i1 of x's shape) holds, else the scalar `fill`: how
+        the lowering overwrites what must not be read (a halo past the global edge, padding,
+        the copies of a value turned into a partial sum). A `select`, never a multiply, so
+        NaN or inf in the overwritten part cannot leak."""
+        if keep.type.shape != x.type.shape:
+            keep = self.broadcast(keep, TensorType(x.type.shape, "i1"))
+        return self.emit("stablehlo.select", [keep, x, self.broadcast(fill, x.type)],
+                         [x.type]).results[0]
+
     def keep_on_first(self, x: Value, axes: tuple[str, ...]) -> Value:
         """`x` on the devices at block 0 along `axes`, zeros elsewhere: a full value turned
         into a partial sum over `axes`."""
-        first = self.per_device([int(i == 0) for i in self.block_index(axes)])
-        pred_t = TensorType(x.type.shape, "i1")
-        flag = self.emit("stablehlo.compare", [first, self.scalar(1, "i32")],
-                         [TensorType((), "i1")],
-                         {"comparison_direction": "#stablehlo<comparison_direction EQ>"}
-                         ).results[0]
-        return self.emit("stablehlo.select", [self.broadcast(flag, pred_t), x,
-                                              self.splat(0, x.type)], [x.type]).results[0]
+        first = self.device_flag([int(i == 0) for i in self.block_index(axes)])
+        return self.where(first, x, self.scalar(0, x.type.element))
 
     def collective_permute(self, x: Value, pairs, axes) -> Value:
         """Replica s sends its tile to t for every (s, t) in `pairs`."""
@@ -293,22 +343,24 @@ def emit_plan(em: _Emitter, x: Value, plan) -> Value:
     return x
 
 
-def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool = True
-            ) -> Value:
+def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool = True,
+            shape: tuple[int, ...] | None = None) -> Value:
     """Collectives taking local `x` from layout `src` to `dst`.
 
     A `dst` with pending sums (a loop's accumulator, `accumulation.py`) is reached from the
     full value kept on one device of each group and zeros elsewhere (the sum is the value).
     `scatter_sums=False` all-reduces a pending sum the target tiles further and slices it locally
-    (`PartitionState.scatter_sums`)."""
+    (`PartitionState.scatter_sums`). `shape` is the value's global shape: where either layout
+    pads a dimension, the conversion goes one axis at a time (`_convert_padded`)."""
     if src == dst or not x.type.is_tensor:
         return x
     if dst.partial:
         assert not dst.axes() & {a for a, _ in dst.partial}, dst  # tiled and summed: no value
-        x = convert(em, x, src, Layout(dst.dims), scatter_sums)
+        x = convert(em, x, src, Layout(dst.dims), scatter_sums, shape)
         return em.keep_on_first(x, tuple(a for a, _ in dst.partial))
     rank = len(src.dims)
     dims = list(src.dims)
+    padded = shape is not None and bool(src.padded(shape, em.mesh) or dst.padded(shape, em.mesh))
     # 1. Pending sums: reduce_scatter where the target tiles a dimension further with
     # some of the summed axes, all_reduce for the rest.
     kinds: dict[str, list[str]] = {}
@@ -316,7 +368,7 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool
         kinds.setdefault(kind, []).append(axis)
     for kind, axes in kinds.items():
         scatter = None
-        for d in range(rank if scatter_sums else 0):
+        for d in range(rank if scatter_sums and not padded else 0):
             have, want = dims[d], dst.dims[d]
             if len(want) > len(have) and want[: len(have)] == have:
                 extra = want[len(have):]
@@ -333,6 +385,8 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool
     # all_slice); anything else (axes reordered within a dimension, several axes moving,
     # an axis entering a non-minor position, or a sequence exceeding the memory bound) is a
     # redistribution problem for the planner (DESIGN.md §2.3-2.4).
+    if padded:
+        return _convert_padded(em, x, dims, dst.dims, shape)
     simple = _simple_steps(dims, dst.dims)
     if not _is_simple(em.mesh, dims, dst.dims, simple):
         plan = _plan_edge(em.mesh, x.type, dims, dst.dims)
@@ -346,6 +400,45 @@ def convert(em: _Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool
             x = em.all_gather(x, step[1], step[2])
         else:
             x = em.all_slice(x, step[1])
+    return x
+
+
+def _convert_padded(em: _Emitter, x: Value, dims: list[tuple[str, ...]], want, shape
+                    ) -> Value:
+    """The direct conversion where a dimension is padded, one axis at a time: a gathered
+    axis concatenates its padded tiles into the parent tile's extent plus padding, trimmed
+    back; a sliced axis first pads its dimension to a multiple of the axis. (The planner's
+    plans assume even tiles: not used here.)"""
+    dims = list(dims)
+
+    def extent(d: int) -> int:
+        return local_extent(shape[d], [em.mesh.axis_size(a) for a in dims[d]])
+
+    def split(x: Value, d: int, axis: str) -> Value:
+        k = em.mesh.axis_size(axis)
+        return em.pad_to(x, d, ceil_div(x.type.shape[d], k) * k)
+
+    for step in _simple_steps(dims, want):
+        if step[0] == Collective.ALL_TO_ALL:
+            split_dim, concat_dim, (axis,) = step[1], step[2], step[3]
+            x = em.all_to_all(split(x, split_dim, axis), split_dim, concat_dim, (axis,))
+            dims[concat_dim], dims[split_dim] = dims[concat_dim][:-1], dims[split_dim] + (axis,)
+            x = em.trim_to(x, concat_dim, extent(concat_dim))
+        elif step[0] == Collective.ALL_GATHER:
+            d, axes = step[1], step[2]
+            if not is_padded(shape[d], [em.mesh.axis_size(a) for a in dims[d]]):
+                x = em.all_gather(x, d, axes)
+                dims[d] = dims[d][: len(dims[d]) - len(axes)]
+                continue
+            for axis in reversed(axes):  # minor first: each gather yields the parent tile
+                x = em.all_gather(x, d, (axis,))
+                dims[d] = dims[d][:-1]
+                x = em.trim_to(x, d, extent(d))
+        else:
+            for d, axes in sorted(step[1].items()):
+                for axis in axes:
+                    x = em.all_slice(split(x, d, axis), {d: (axis,)})
+                    dims[d] = dims[d] + (axis,)
     return x
 
 
@@ -528,7 +621,7 @@ class _Lowering:
             if hit is not None and self._reuse(hit, [x]):
                 return hit.outputs[0]
         start = len(self.em.block.ops)
-        y = convert(self.em, x, have, want, self.state.scatter_sums)
+        y = convert(self.em, x, have, want, self.state.scatter_sums, v.type.shape)
         mark_origin(self.em.block.ops[start:], Conversion(v, self.consumer, have, want))
         if caching:
             self.cache.conversions[(v, have, want)] = _Segment(self.em.block.ops[start:], [x],
@@ -569,6 +662,9 @@ class _Lowering:
             layout, dropped = at_boundary(inside, self.mesh)
             if dropped:
                 drops.append(BoundaryDrop(f"argument {name!r}", dropped, inside, layout))
+            # An argument tiled unevenly comes in on its largest divisible layout (jax needs
+            # divisible shardings) and is sliced into its padded tiles here.
+            layout = layout.divisible(a.type.shape, self.mesh)
             in_layouts.append(layout)
             local = self.cache.args.get((a, layout)) if self.cache is not None else None
             if local is None:
@@ -579,6 +675,9 @@ class _Lowering:
                 self.body.args.append(local)
             self.local[a] = (local, layout)
         self.defined.update(self.body.args)
+        for a in func.args:
+            if self.local[a][1] != self.declared(a):
+                self.local[a] = (self.use(a, self.declared(a)), self.declared(a))
         for op in func.ops:
             self.lower_op(op)
         out_layouts, returns = [], []
@@ -591,6 +690,9 @@ class _Lowering:
                 layout, dropped = at_boundary(inside, self.mesh)
                 if dropped:
                     drops.append(BoundaryDrop(f"result {k}", dropped, inside, layout))
+                # An output tiled unevenly leaves on its largest divisible layout, trimmed
+                # (whether that is allowed is the caller's policy: `pipeline.uneven_outputs`).
+                layout = layout.divisible(v.type.shape, self.mesh)
             out_layouts.append(layout)
             returns.append(self.use(v, layout))
         if self.cache is not None:
@@ -656,6 +758,9 @@ class _Lowering:
                                        [self.local[v][1] for v in op.inputs], wanted)
         elif op.name in UNHALOED_OPS:
             warn_gathered(op, [self.local[v][1] for v in op.inputs], wanted)
+        for mask in masks(op, nest, self.mesh):
+            operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask)
+        drop_index_hints(op, attrs, wanted, self.mesh)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
@@ -747,12 +852,12 @@ class _Lowering:
     def _local_ids(self, op: Op, table: Value, ids: Value, k: int, axes) -> Value:
         """Ids shifted into this device's tile of the vocabulary (clamped first as the global
         gather clamps); ids outside the tile stay out of its range [0, tile)."""
-        em, rows = self.em, table.type.shape[k]
+        em = self.em
         vocab = op.operands[0].type.shape[k]
         t = ids.type
         clamped = em.emit("stablehlo.clamp", [em.splat(0, t), ids, em.splat(vocab - 1, t)],
                           [t]).results[0]
-        start = em.per_device([i * rows for i in em.block_index(axes)])
+        start = em.per_device(em.tile_starts(vocab, axes))
         start = em.emit("stablehlo.convert", [start], [TensorType((), t.element)]).results[0]
         return em.emit("stablehlo.subtract", [clamped, em.broadcast(start, t)], [t]).results[0]
 
@@ -774,9 +879,14 @@ class _Lowering:
             + [(a, k) for a in axes],
             [(a, e.results[0].reduction) for a, e in nest
              if isinstance(e.results[0], Sum) and a not in axes], mesh=self.mesh)
-        local_ids = self.use(ids, Layout.from_tiles(ids.type.rank, kept(1), mesh=self.mesh))
-        local_updates = self.use(updates, Layout.from_tiles(updates.type.rank, kept(2),
-                                                            mesh=self.mesh))
+        local = [self.use(ids, Layout.from_tiles(ids.type.rank, kept(1), mesh=self.mesh)),
+                 self.use(updates, Layout.from_tiles(updates.type.rank, kept(2),
+                                                     mesh=self.mesh))]
+        # Tiles still summed over other axes may be padded: their padding is masked as any
+        # Sum entry's (`masking.py`).
+        for mask in masks(op, tuple((a, e) for a, e in nest if a not in axes), self.mesh):
+            local[mask.operand - 1] = apply_mask(self.em, local[mask.operand - 1], mask)
+        local_ids, local_updates = local
         zeros = self.em.splat(0, produced.local_type(result.type, self.mesh))
         rows = zeros.type.shape[k]
         shifted = self._local_ids(op, zeros, local_ids, k, axes)
@@ -786,6 +896,8 @@ class _Lowering:
         clamped = self.em.emit("stablehlo.clamp", [self.em.splat(0, t), shifted,
                                                    self.em.splat(rows - 1, t)], [t]).results[0]
         attrs = dict(op.attributes)
+        if "unique_indices" in attrs:  # foreign ids are clamped onto the same rows
+            attrs["unique_indices"] = "false"
         regions = [clone_region(r, {}) for r in op.regions]
         x = self.em.emit(op.name, [zeros, clamped, local_updates], [zeros.type], attrs,
                          regions).results[0]
@@ -817,8 +929,7 @@ class _Lowering:
         axes = layout.dims[dim]
         if not axes:
             return local
-        extent = local.type.shape[dim]
-        start = self.em.per_device([i * extent for i in self.em.block_index(axes)])
+        start = self.em.per_device(self.em.tile_starts(op.results[0].type.shape[dim], axes))
         start = self.em.emit("stablehlo.convert", [start],
                              [TensorType((), local.type.element)]).results[0]
         return self.em.emit("stablehlo.add", [local, self.em.broadcast(start, local.type)],

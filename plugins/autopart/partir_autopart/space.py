@@ -135,7 +135,9 @@ class SearchSpace:
                 if target.tag is not None and any(c is not None for c in current):
                     continue
                 for d in range(values[0].type.rank):
-                    if all(c == d or (c is None and state.can_tile(v, d, axis) is None)
+                    # Even tiles only: the search's cost model and memory bounds assume them.
+                    if all(c == d or (c is None
+                                      and state.can_tile(v, d, axis, padding=False) is None)
                            for v, c in zip(values, current)) and None in current:
                         tiles.append(Action(t, d, axis))
                 if self.atomic and all(c is None and (v, axis) not in state.atomic

@@ -1,0 +1,133 @@
+"""Masking padding (`core/padding.py`) before the ops that would read it into valid elements.
+
+A padded tile's padding is unspecified (whatever a pad, a gather of padded tiles or an
+elementwise op on garbage left there). Pass-through entries keep it in padding; a Sum entry
+reads it into its partial result along the reduced factor: a reduction, the contraction of a
+dot or convolution, a scatter-add's updates. Before such an op the lowering replaces the
+padding of each operand the entry slices on a padded dimension with the identity of the
+entry's reduction (0 for add, -inf for max, +inf for min, 1 for mul, ...), with a `select`
+against the device's count of valid rows, never a multiply, so NaN or inf garbage cannot
+leak. Softmax, argmax-by-gather and the like are made of these ops and need nothing more;
+ops with no safe entry are refused uneven tiles in propagation (`entry_allows_padding`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.gather import lookup_dim
+from ..core.mesh import Mesh
+from ..core.padding import PaddedDim, is_padded, tile_bounds
+from ..core.tmr import Sum
+from ..ir.graph import Op, Value
+from ..ir.types import TensorType
+
+# Bit patterns of the infinities, by float type (MLIR's dense literal takes hex).
+_NEG_INF = {"f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000",
+            "f64": "0xFFF0000000000000"}
+_POS_INF = {"f16": "0x7C00", "bf16": "0x7F80", "f32": "0x7F800000",
+            "f64": "0x7FF0000000000000"}
+
+
+def identity_literal(reduction: str, element: str) -> str:
+    """The literal of `reduction`'s identity in `element` (a dense attribute's body)."""
+    if element == "i1":
+        return {"and": "true", "min": "true", "mul": "true"}.get(reduction, "false")
+    if element in _NEG_INF:
+        if reduction == "max":
+            return _NEG_INF[element]
+        if reduction == "min":
+            return _POS_INF[element]
+        return "1.000000e+00" if reduction == "mul" else "0.000000e+00"
+    unsigned = element.startswith("ui")
+    bits = int(element.lstrip("ui") or 32)
+    low, high = (0, 2 ** bits - 1) if unsigned else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+    return str({"max": low, "min": high, "mul": 1, "and": -1 if not unsigned else high
+                }.get(reduction, 0))
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Operand `operand`'s padding on `dim` replaced by the identity of `reduction`."""
+
+    operand: int
+    dim: int
+    padded: PaddedDim
+    reduction: str
+
+    def __str__(self) -> str:
+        return f"operand {self.operand} dim {self.dim} ({self.reduction} identity)"
+
+
+def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
+    """The masks the lowering puts before `op` in loop nest `nest`: each operand a Sum entry
+    slices on a dimension that its tiling (by every axis of the nest) pads."""
+    found: dict[tuple[int, int], Mask] = {}
+    lookup = lookup_dim(op)
+    for _, entry in nest:
+        sums = [r for r in entry.results if isinstance(r, Sum)]
+        if not sums:
+            continue
+        for i, v in enumerate(op.operands):
+            d = entry.operands[i]
+            if d is None or (i, d) in found or (i == 0 and d == lookup):
+                continue  # a lookup's ids are clamped into the table: never its padding
+            axes = tuple(a for a, e in nest if e.operands[i] == d)
+            sizes = tuple(mesh.axis_size(a) for a in axes)
+            if is_padded(v.type.shape[d], sizes):
+                found[(i, d)] = Mask(i, d, PaddedDim(v.type.shape[d], axes, sizes),
+                                     sums[0].reduction)
+    return list(found.values())
+
+
+def apply_mask(em, x: Value, mask: Mask) -> Value:
+    """`x` (a local operand) with rows past this device's valid count on `mask.dim` set to
+    the reduction's identity."""
+    p = mask.padded
+    valid = [tile_bounds(p.n, p.sizes, [em.mesh.coords(r)[a] for a in p.axes])[1]
+             for r in range(em.mesh.size)]
+    index_t = TensorType(x.type.shape, "i32")
+    rows = em.emit("stablehlo.iota", [], [index_t],
+                   {"iota_dimension": f"{mask.dim} : i64"}).results[0]
+    inside = em.compare(rows, em.broadcast(em.per_device(valid), index_t), "LT")
+    return em.where(inside, x, em.literal(identity_literal(mask.reduction, x.type.element),
+                                          x.type.element))
+
+
+def padding_report(state) -> list[str]:
+    """One line per padded dimension of a partitioned program (values grouped by size and
+    axes), with the masks the lowering puts before the ops that read it: what the report
+    says about padding."""
+    values: dict[PaddedDim, int] = {}
+    for v in state.tiling:
+        if v.type.is_tensor:
+            for p in state.padded_dims(v).values():
+                values[p] = values.get(p, 0) + 1
+    inserted: dict[PaddedDim, dict[str, int]] = {}
+    for op, nest in state.nests.items():
+        for m in masks(op, nest, state.mesh):
+            what = f"{op.name} ({m.reduction} identity)"
+            per = inserted.setdefault(m.padded, {})
+            per[what] = per.get(what, 0) + 1
+    lines = []
+    for p in sorted(values, key=lambda p: (p.n, p.axes)):
+        found = inserted.get(p, {})
+        listed = ", ".join(f"{k} x{n}" for k, n in sorted(found.items())) or "none needed"
+        count = f"{values[p]} value{'s' if values[p] > 1 else ''}"
+        lines.append(f"pad {p}; {count}; masks: {sum(found.values())} ({listed})")
+    return lines
+
+
+_INDEX_HINTS = ("indices_are_sorted", "unique_indices")
+
+
+def drop_index_hints(op: Op, attrs: dict[str, str], wanted, mesh: Mesh) -> None:
+    """A gather's or scatter's promise that its indices are sorted or unique does not hold
+    for padded tiles of them (padding holds any index): dropped where an input is padded."""
+    if op.name not in ("stablehlo.gather", "stablehlo.scatter"):
+        return
+    if any(lay.padded(v.type.shape, mesh) for v, lay in zip(op.inputs, wanted)
+           if v.type.is_tensor):
+        for key in _INDEX_HINTS:
+            if key in attrs:
+                attrs[key] = "false"
