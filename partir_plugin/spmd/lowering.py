@@ -147,7 +147,7 @@ class _Emitter:
         """Per replica, where its tile of a dimension of size `n` tiled over `axes` starts
         (with padded tiles, `core/padding.py`, not simply block index x tile extent)."""
         sizes = [self.mesh.axis_size(a) for a in axes]
-        return [tile_bounds(n, sizes, [self.mesh.coords(r)[a] for a in axes])[0]
+        return [tile_bounds(n, sizes, [self.mesh.coord(r, a) for a in axes])[0]
                 for r in range(self.mesh.size)]
 
     def pad_to(self, x: Value, dim: int, extent: int) -> Value:

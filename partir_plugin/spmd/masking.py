@@ -84,7 +84,7 @@ def apply_mask(em, x: Value, mask: Mask) -> Value:
     """`x` (a local operand) with rows past this device's valid count on `mask.dim` set to
     the reduction's identity."""
     p = mask.padded
-    valid = [tile_bounds(p.n, p.sizes, [em.mesh.coords(r)[a] for a in p.axes])[1]
+    valid = [tile_bounds(p.n, p.sizes, [em.mesh.coord(r, a) for a in p.axes])[1]
              for r in range(em.mesh.size)]
     index_t = TensorType(x.type.shape, "i32")
     rows = em.emit("stablehlo.iota", [], [index_t],
