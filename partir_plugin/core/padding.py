@@ -16,42 +16,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import nonmember
 
 from ..ir.graph import Op
+from .option import Option
 from .tmr import Sum, TMREntry
 from .windows import HaloEntry
 
 
-class PaddingPolicy(StrEnum):
+class PaddingPolicy(Option):
     """Whether a tiling may pad a dimension its axes do not divide."""
+
+    keyword = nonmember("padding")
 
     ALLOW = "allow"
     ERROR = "error"  # any padding is a PartitionError (tactics), never inferred (propagation)
 
-    @classmethod
-    def of(cls, value: str | PaddingPolicy) -> PaddingPolicy:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"padding={value!r}: expected one of "
-                             f"{[p.value for p in cls]}") from None
 
-
-class UnevenOutputs(StrEnum):
+class UnevenOutputs(Option):
     """What happens to a program output a tactic tiles unevenly (jax needs divisible
     shardings at the program's boundary)."""
 
+    keyword = nonmember("uneven_outputs")
+
     ERROR = "error"  # a PartitionError naming the output, dimension, sizes and tactic
     REPLICATE = "replicate"  # gathered (to its largest divisible layout) and trimmed; warns
-
-    @classmethod
-    def of(cls, value: str | UnevenOutputs) -> UnevenOutputs:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"uneven_outputs={value!r}: expected one of "
-                             f"{[p.value for p in cls]}") from None
 
 
 def ceil_div(n: int, k: int) -> int:

@@ -17,27 +17,22 @@ entries' order. Each resolution is recorded for the report. `PartitionState.reso
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import nonmember
 
 from ..ir.graph import Op, Value
 from ..ir.types import format_bytes
+from .option import Option
 from .state import PartitionState
 from .tmr import Sum, TMREntry
 
 
-class ConflictPolicy(StrEnum):
+class ConflictPolicy(Option):
     """What propagation does where operands carry incompatible tilings on an axis."""
+
+    keyword = nonmember("conflicts")
 
     REDISTRIBUTE = "redistribute"  # loop the op with the cheapest entry, move the rest
     STOP = "stop"  # PartIR's strict semantics: leave the op unpartitioned on the axis
-
-    @classmethod
-    def of(cls, value: str | ConflictPolicy) -> ConflictPolicy:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"conflicts={value!r}: expected one of "
-                             f"{[p.value for p in cls]}") from None
 
 
 @dataclass(frozen=True)
