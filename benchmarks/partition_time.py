@@ -83,16 +83,23 @@ def _abstract(init):
     return jax.eval_shape(lambda: init(jax.random.PRNGKey(0)))
 
 
-def _transformer(layers: int, scan: bool):
+def _bp_mp_z3() -> list:
+    """The issue's schedule for the transformer-shaped families (Megatron rule by names)."""
     import partir_plugin as partir
-    from partir_plugin.models import megatron, transformer
+    from partir_plugin.models import megatron
+
+    return [partir.tactic("BP", axis="batch"),
+            partir.tactic("MP", rule=megatron.transformer_rule, axis="model"),
+            partir.tactic("Z3", axis="batch")]
+
+
+def _transformer(layers: int, scan: bool):
+    from partir_plugin.models import transformer
 
     cfg = dataclasses.replace(transformer.Config.small(layers=layers, scan=scan), batch=8,
                               seq_len=32, vocab=512, d_model=256, heads=8, head_dim=32,
                               ffw=1024)
-    schedule = [partir.tactic("BP", axis="batch"),
-                partir.tactic("MP", rule=megatron.transformer_rule, axis="model"),
-                partir.tactic("Z3", axis="batch")]
+    schedule = _bp_mp_z3()
     return (transformer.make_train_step(cfg), _abstract(lambda k: transformer.init(cfg, k)),
             schedule)
 
@@ -100,13 +107,8 @@ def _transformer(layers: int, scan: bool):
 def _decoder(layers: int, scan: bool):
     import decoder_lm  # benchmarks/decoder_lm.py
 
-    import partir_plugin as partir
-    from partir_plugin.models import megatron
-
     cfg = decoder_lm.Config(layers=layers, scan=scan)  # d 256, 8 heads, ffw 1024, v 1024, 16x128
-    schedule = [partir.tactic("BP", axis="batch"),
-                partir.tactic("MP", rule=megatron.transformer_rule, axis="model"),
-                partir.tactic("Z3", axis="batch")]
+    schedule = _bp_mp_z3()
     return (decoder_lm.make_train_step(cfg), _abstract(lambda k: decoder_lm.init(cfg, k)),
             schedule)
 
