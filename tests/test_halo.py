@@ -82,16 +82,21 @@ def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
                    for m in messages), messages
 
 
+def _warns_and_gathers(step, args, where: str) -> None:
+    """A fallback: jax.jit's numbers, a HaloWarning matching `where`, and an all_gather."""
+    with pytest.warns(HaloWarning, match=where):
+        meta = _check_against_jax_jit(step, args, TILE_H, MESH)
+    assert meta.tactics[-1].collectives["all_gather"] > 0
+
+
 def test_halo_wider_than_a_tile_warns_and_gathers():
     """A 7x7 window over tiles of 2 rows needs 3 rows from each side: not a neighbour's. The
     lowering warns, naming the op, and gathers that dimension; the numbers stay right."""
     step = jax.value_and_grad(_conv_loss(7, 1), argnums=(0, 1))
     img = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 8, 4))
     ker = jax.random.normal(jax.random.PRNGKey(1), (7, 7, 4, 8))
-    where = r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+"
-    with pytest.warns(HaloWarning, match=where):
-        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
-    assert meta.tactics[-1].collectives["all_gather"] > 0
+    _warns_and_gathers(step, (img, ker),
+                       r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+")
 
 
 def test_halo_entries_of_a_strided_step_verify_and_a_wrong_one_is_caught():
@@ -183,7 +188,6 @@ def test_valid_convolution_without_translation_invariance_warns_and_gathers():
     step = jax.value_and_grad(loss, argnums=(0, 1))
     img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))
     ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
-    where = r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*VALID"
-    with pytest.warns(HaloWarning, match=where):
-        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
-    assert meta.tactics[-1].collectives["all_gather"] > 0
+    _warns_and_gathers(
+        step, (img, ker),
+        r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*VALID")

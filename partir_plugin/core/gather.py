@@ -23,41 +23,44 @@ def _ints(text: str, key: str) -> list[int] | None:
     return [int(x) for x in m.group(1).split(",") if x.strip()]
 
 
-def lookup_dim(op: Op) -> int | None:
-    """The indexed operand dimension of an embedding-lookup gather, else None."""
-    if op.name != "stablehlo.gather" or len(op.operands) != 2:
+# What the lookup form reads from each op's dimension numbers: (the op, its operand count, the
+# attribute, the indexed operand dims, the dims removed from the window, the batching dims).
+_FORMS = {
+    "gather": ("stablehlo.gather", 2, "dimension_numbers", "start_index_map",
+               "collapsed_slice_dims", "operand_batching_dims"),
+    "scatter": ("stablehlo.scatter", 3, "scatter_dimension_numbers",
+                "scatter_dims_to_operand_dims", "inserted_window_dims", "input_batching_dims"),
+}
+
+
+def _indexed_dim(op: Op, form: str) -> int | None:
+    """The one indexed operand dimension `k` of a gather or scatter of the lookup's form (`k`
+    removed from the window, a trailing index vector of size 1, no batching dimensions)."""
+    name, operands, attr, indexed, removed, batching = _FORMS[form]
+    if op.name != name or len(op.operands) != operands:
         return None
-    numbers = op.attributes.get("dimension_numbers", "")
-    start = _ints(numbers, "start_index_map")
-    collapsed = _ints(numbers, "collapsed_slice_dims") or []
-    if start is None or len(start) != 1 or start[0] not in collapsed:
+    numbers = op.attributes.get(attr, "")
+    dims = _ints(numbers, indexed)
+    if dims is None or len(dims) != 1 or dims[0] not in (_ints(numbers, removed) or []):
         return None
-    if _ints(numbers, "operand_batching_dims"):
+    if _ints(numbers, batching):
         return None
     indices = op.operands[1].type.shape
     m = re.search(r"index_vector_dim = (\d+)", numbers)
     if not indices or m is None or int(m.group(1)) != len(indices) - 1 or indices[-1] != 1:
         return None
-    return start[0]
+    return dims[0]
+
+
+def lookup_dim(op: Op) -> int | None:
+    """The indexed operand dimension of an embedding-lookup gather, else None."""
+    return _indexed_dim(op, "gather")
 
 
 def scatter_dim(op: Op) -> int | None:
-    """The indexed operand dimension of a scatter of the lookup's form (one indexed, inserted
-    dimension `k`, a trailing index vector of size 1, no batching dimensions), else None."""
-    if op.name != "stablehlo.scatter" or len(op.operands) != 3:
-        return None
-    numbers = op.attributes.get("scatter_dimension_numbers", "")
-    to_operand = _ints(numbers, "scatter_dims_to_operand_dims")
-    inserted = _ints(numbers, "inserted_window_dims") or []
-    if to_operand is None or len(to_operand) != 1 or to_operand[0] not in inserted:
-        return None
-    if _ints(numbers, "input_batching_dims"):
-        return None
-    indices = op.operands[1].type.shape
-    m = re.search(r"index_vector_dim = (\d+)", numbers)
-    if not indices or m is None or int(m.group(1)) != len(indices) - 1 or indices[-1] != 1:
-        return None
-    return to_operand[0]
+    """The indexed operand dimension of a scatter of the lookup's form (its gradient), else
+    None."""
+    return _indexed_dim(op, "scatter")
 
 
 def update_window_dims(op: Op) -> list[int]:
