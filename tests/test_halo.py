@@ -5,6 +5,7 @@ included. H is tiled 8 ways; every check is against the unpartitioned jax.jit.""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +15,8 @@ from test_jit import hlo_collective_counts
 from test_spatial_tiling import _check_against_jax_jit
 
 import partir_plugin as partir
-from partir_plugin.core.windows import HaloEntry
-from partir_plugin.extend import verify_entry, verify_registry
+from partir_plugin.core.windows import Halo, HaloEntry
+from partir_plugin.extend import PADDED_SCATTER_OP, verify_entry, verify_registry
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.kernel import default_registry
@@ -53,17 +54,18 @@ def test_tiled_height_convolution_exchanges_halos(window, stride, height):
     assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 6, compiled
 
 
+def _pool(stride: int, window: int = 3):
+    return lambda img: jax.lax.reduce_window(img, -jnp.inf, jax.lax.max, (1, window, window, 1),
+                                             (1, stride, stride, 1), "SAME")
+
+
 @pytest.mark.parametrize("stride", [1, 2])
 def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
     """A 3x3 SAME max-pool over strictly negative inputs: a zero halo at the image border
-    would win every border window. The forward pool exchanges halos (no all_gather); its
-    gradient (jax pads the image with -inf and runs select_and_scatter on it, which have no
-    halo rule) gathers the height with a warning naming both ops, and gives jax.jit's
-    numbers."""
-    def pool(img):
-        return jax.lax.reduce_window(img, -jnp.inf, jax.lax.max, (1, 3, 3, 1),
-                                     (1, stride, stride, 1), "SAME")
-
+    would win every border window. The pool and its gradient (jax's pad, select_and_scatter
+    and slice, which the importer fuses into one padded select_and_scatter) exchange halos:
+    permutes, no all_gather, no warning, and jax.jit's numbers."""
+    pool = _pool(stride)
     img = -jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))) - 0.5
     f, meta = partir.jit(pool, MESH, TILE_H)
     np.testing.assert_array_equal(np.asarray(f(img)), np.asarray(jax.jit(pool)(img)))
@@ -74,12 +76,53 @@ def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
     assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 1, compiled
 
     step = jax.value_and_grad(lambda img: (pool(img) ** 2).sum())
-    with pytest.warns(HaloWarning) as record:
-        _check_against_jax_jit(step, (img,), TILE_H, MESH)
-    messages = [str(w.message) for w in record if w.category is HaloWarning]
-    for op in ("stablehlo.pad", "stablehlo.select_and_scatter"):
-        assert any(m.startswith(op) and "test_halo.py" in m and "no halo rule" in m
-                   for m in messages), messages
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HaloWarning)
+        meta = _check_against_jax_jit(step, (img,), TILE_H, MESH)
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
+    f, _ = partir.jit(step, MESH, TILE_H)
+    compiled = _compiled_counts(f, img)
+    assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 3, compiled
+
+
+@pytest.mark.parametrize("mesh,dims", [({"h": 4, "w": 2}, (1, 2)), ({"b": 2, "h": 4}, (0, 1))],
+                         ids=["height-and-width", "batch-and-height"])
+def test_max_pool_gradient_picks_the_first_maximum_like_jax(mesh, dims):
+    """Ties and -inf: the gradient goes to the first maximum of each window, and where a
+    window holds only -inf (image rows and jax's -inf padding alike) to the position jax's
+    padded select_and_scatter picks, which may be a padding row whose gradient is dropped.
+    The halos carry the global values and the pad value past the edges, so every device picks
+    what jax.jit picks: bit for bit, on two tiled dimensions."""
+    img = jnp.round(jax.random.normal(jax.random.PRNGKey(0), (4, 32, 16, 4)))
+    img = img.at[:, 0:3].set(-jnp.inf).at[:, 14:17, 3:6].set(-jnp.inf)
+    schedule = [partir.ManualPartition({"img": d}, axis=a) for a, d in zip(mesh, dims)]
+    for stride in (1, 2):
+        pool = _pool(stride)
+        step = jax.value_and_grad(
+            lambda img, pool=pool: (jnp.where(jnp.isinf(p := pool(img)), 0.0, p) ** 2).sum())
+        f, meta = partir.jit(step, mesh, schedule)
+        np.testing.assert_array_equal(np.asarray(f(img)[1]), np.asarray(jax.jit(step)(img)[1]))
+        assert meta.tactics[-1].collectives["all_gather"] == 0, meta.tactics[-1].collectives
+
+
+def test_max_pool_gradient_window_wider_than_a_tile_warns_and_gathers():
+    """A 5x5 stride-3 pool on tiles of 3 rows: its gradient's windows reach past the
+    neighbours. The lowering warns, naming the fused op, and gathers; the numbers stay right."""
+    pool = _pool(3, 5)
+    step = jax.value_and_grad(lambda img: (pool(img) ** 2).sum())
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 24, 6, 4))
+    _warns_and_gathers(step, (img,), r"partir.padded_select_and_scatter at .*more than a "
+                                     r"neighbour holds")
+
+
+def test_pad_of_a_tiled_dimension_warns_and_gathers():
+    """A pad alone (not a max-pool's gradient) shifts every tile: no halo rule, so the
+    dimension is gathered with a warning naming pad and why."""
+    step = jax.value_and_grad(lambda img: (jnp.pad(img, ((0, 0), (1, 2), (0, 0), (0, 0)))
+                                           [:, 1:33] ** 3).sum())
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))
+    _warns_and_gathers(step, (img,), r"stablehlo.pad at pad: dimension 1 .*no halo rule")
 
 
 def _warns_and_gathers(step, args, where: str) -> None:
@@ -102,8 +145,9 @@ def test_halo_wider_than_a_tile_warns_and_gathers():
 def test_halo_entries_of_a_strided_step_verify_and_a_wrong_one_is_caught():
     """The forward convolution (output tiled), the input gradient (lhs_dilation = stride), the
     weight gradient (kernel a partial Sum) and the strided max-pool each get a halo entry on
-    H, and the TMR verifier runs each on 2 and 4 devices against the whole op. A halo shifted
-    by one row is caught."""
+    H, as does the pool's gradient (the fused padded select_and_scatter) on H and W, and the
+    TMR verifier runs each on 2 and 4 devices against the whole op. A halo shifted by one row
+    is caught, in the convolution and in the pool's gradient."""
     registry = default_registry()
     img = jnp.ones((2, 16, 8, 4))
     step = jax.grad(lambda img, ker: (jax.lax.reduce_window(
@@ -113,9 +157,19 @@ def test_halo_entries_of_a_strided_step_verify_and_a_wrong_one_is_caught():
     report = verify_registry(ops, registry, parts=(2, 4))
     assert report.verdicts and not report.wrong, str(report)
     kinds = {(v.op_name, v.entry.halo.lhs_dilation, v.entry.halo.weight_gradient)
-             for v in report.verdicts if isinstance(v.entry, HaloEntry) and v.entry.halo.dim == 1}
+             for v in report.verdicts if isinstance(v.entry, HaloEntry)
+             and isinstance(v.entry.halo, Halo) and v.entry.halo.dim == 1}
     assert kinds == {("stablehlo.convolution", 1, False), ("stablehlo.convolution", 2, False),
                      ("stablehlo.convolution", 1, True), ("stablehlo.reduce_window", 1, False)}
+    pooled = {(v.parts, v.entry.halo.dim) for v in report.verdicts
+              if v.op_name == PADDED_SCATTER_OP and isinstance(v.entry, HaloEntry)}
+    assert pooled == {(2, 1), (4, 1), (2, 2)}, pooled  # W: 2 windows
+
+    scatter = next(op for op in ops if op.name == PADDED_SCATTER_OP)
+    entry = next(e for e in registry.entries(scatter) if isinstance(e, HaloEntry))
+    early = dataclasses.replace(entry, halo=dataclasses.replace(entry.halo,
+                                                                lo=entry.halo.lo + 1))
+    assert not verify_entry(scatter, early, parts=4).ok
 
     conv = next(op for op in ops if op.name == "stablehlo.convolution")
     entry = next(e for e in registry.entries(conv) if isinstance(e, HaloEntry))

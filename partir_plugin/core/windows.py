@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..ir.attributes import parse_i64_array
 from ..ir.graph import Op
+from ..ir.padded_scatter import PADDED_SCATTER_OP
 from .tmr import Sum, TMREntry
 
 
@@ -80,10 +81,44 @@ class Halo:
 
 
 @dataclass(frozen=True)
+class ScatterHalo:
+    """The window geometry of one spatial dimension of a padded select_and_scatter (a
+    max-pool's gradient, ir/padded_scatter.py): image `x` of `size` rows padded by `lo` before,
+    source (the pool's output gradient) of `out` rows, one per window of `window` rows moved
+    by `stride`. Output-driven like the pool: the result has the image's rows, tiled with it,
+    and the source is tiled alike (`out·stride == size`). Device j computes the windows that
+    touch its rows, so it reads the source rows of those windows and every image row they
+    cover: halos of both, each one `HaloRows` (`lo`/`hi` unused: the extended image carries
+    the pad value itself).
+    """
+
+    dim: int
+    size: int
+    out: int
+    window: int
+    stride: int
+    lo: int
+
+    def source_rows(self, k: int) -> HaloRows:
+        m, s = self.out // k, self.stride
+        # Window o covers padded rows [o·s, o·s + window), image rows shifted by lo; it
+        # touches rows [j·n, (j+1)·n) for o in [j·m - left, (j+1)·m + right).
+        left = (self.window - 1 - self.lo) // s
+        right = (self.lo - 1) // s + 1
+        return HaloRows(m, left, right, 0, 0)
+
+    def rows(self, k: int) -> HaloRows:
+        src = self.source_rows(k)
+        n, s = self.size // k, self.stride
+        return HaloRows(n, src.left * s + self.lo, (src.right - 1) * s + self.window - self.lo,
+                        0, 0)
+
+
+@dataclass(frozen=True)
 class HaloEntry(TMREntry):
     """A TMR entry whose tiles read their neighbours' rows: `halo` says which and how."""
 
-    halo: Halo | None = None
+    halo: Halo | ScatterHalo | None = None
 
     def __str__(self) -> str:
         return f"{super().__str__()} halo<{self.halo.dim}>"
@@ -160,6 +195,34 @@ def _reduce_window_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int
     return found
 
 
+def padded_scatter_entries(op: Op) -> list[TMREntry]:
+    """The entries of a padded select_and_scatter (operands image, source, init, pad value):
+    a dimension the window does not slide along passes through; a spatial one whose source
+    has a row per `stride` image rows is a halo entry, where the scatter adds (a window a
+    device computes beyond the global edge scatters a zero)."""
+    x, source = op.operands[0].type.shape, op.operands[1].type.shape
+    rank = len(x)
+    window, strides = (_ints(op, k, rank) for k in ("window_dimensions", "window_strides"))
+    low, high = (parse_i64_array(op.attributes.get(k, "")) or [0] * rank
+                 for k in ("edge_padding_low", "edge_padding_high"))
+    adds = _scatter_adds(op)
+    entries: list[TMREntry] = []
+    for d in range(rank):
+        if (window[d], strides[d], low[d], high[d]) == (1, 1, 0, 0):
+            if x[d] > 1:
+                entries.append(TMREntry((d, d, None, None), (d,), x[d]))
+        elif adds and source[d] * strides[d] == x[d] and source[d] > 1:
+            halo = ScatterHalo(d, x[d], source[d], window[d], strides[d], low[d])
+            entries.append(HaloEntry((d, d, None, None), (d,), source[d], halo))
+    return entries
+
+
+def _scatter_adds(op: Op) -> bool:
+    """Is the op's scatter region (its second) a plain add: scattering a zero changes nothing?"""
+    body = [o.name for o in op.regions[1].blocks[0].ops] if len(op.regions) > 1 else []
+    return body == ["stablehlo.add", "stablehlo.return"]
+
+
 WINDOWED_OPS = frozenset({"stablehlo.convolution", "stablehlo.reduce_window"})
 # Ops that read neighbouring rows along a dimension but have no halo entry: tiling such a
 # dimension gathers it, which the lowering reports (a max-pool's gradient is a pad and a
@@ -185,6 +248,14 @@ def windowed_dims(op: Op) -> dict[int, list[int]]:
                 if (window[d], strides[d], base[d], pads[d]) != (1, 1, 1, [0, 0])]
         inputs = 2 if op.name == "stablehlo.select_and_scatter" else len(op.operands) // 2
         return dict.fromkeys(range(inputs), dims)
+    if op.name == PADDED_SCATTER_OP:
+        rank = op.operands[0].type.rank
+        attrs = [_ints(op, k, rank) for k in ("window_dimensions", "window_strides")]
+        attrs += [parse_i64_array(op.attributes.get(k, "")) or [0] * rank
+                  for k in ("edge_padding_low", "edge_padding_high")]
+        dims = [d for d in range(rank) if any(a[d] != (1 if i < 2 else 0)
+                                              for i, a in enumerate(attrs))]
+        return {0: dims, 1: dims}
     if op.name == "stablehlo.pad":
         rank = op.operands[0].type.rank
         edges = [parse_i64_array(op.attributes.get(k, "")) or [0] * rank
@@ -201,6 +272,11 @@ def no_halo_reason(op: Op, dim: int) -> str:
         return "padding shifts the rows of every tile (no halo rule for pad)"
     if op.name == "stablehlo.select_and_scatter":
         return "select_and_scatter (a max-pool's gradient) has no halo rule"
+    if op.name == PADDED_SCATTER_OP:
+        if not _scatter_adds(op):
+            return "its scatter does not add"
+        return ("its source does not have one row per stride of image rows, or the tiles do "
+                "not divide it")
     found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)
     halo = next((h for _, _, h in found if h.dim == dim), None)
     if halo is None:

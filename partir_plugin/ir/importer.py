@@ -14,6 +14,7 @@ from jaxlib.mlir import ir, passmanager
 
 from .graph import Block, Func, Op, Region, Value, gc_paused, walk
 from .locations import location_name
+from .padded_scatter import fuse_padded_scatters
 from .types import TensorType
 
 _RULE_ATTR = "sdy.sharding_rule"
@@ -56,6 +57,7 @@ class _Importer:
 
         self.tags: dict[str, list[Value]] = {}  # a name may tag several values
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
+        self.scatters = False  # a select_and_scatter was imported (a max-pool's gradient)
 
     def _type(self, t: ir.Type) -> TensorType:
         tt = self.types.get(t)
@@ -72,7 +74,10 @@ class _Importer:
             env[a] = body.add_arg(self._type(a.type))
         returns = self._import_ops(block, env, body.ops)
         tags = {tag: list(values) for tag, values in self.tags.items()}
-        return Func(name=name, body=body, returns=returns, tags=tags)
+        func = Func(name=name, body=body, returns=returns, tags=tags)
+        if self.scatters:
+            fuse_padded_scatters(func)
+        return func
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
         """Import `block`'s ops into `out`; return the values its terminator returns."""
@@ -139,6 +144,7 @@ class _Importer:
                     region.blocks.append(b)
                 regions.append(region)
             results = op.results
+            self.scatters |= name == "stablehlo.select_and_scatter"
             new = Op(name, [env[v] for v in op.operands],
                      [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule

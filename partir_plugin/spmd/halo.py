@@ -23,9 +23,11 @@ from ..core.windows import (
     parse_padding,
     windowed_dims,
 )
-from ..ir.attributes import i64_array
-from ..ir.graph import Op, Value
+from ..ir.attributes import i64_array, parse_i64_array
+from ..ir.graph import Op, Region, Value
 from ..ir.locations import parse_location
+from ..ir.padded_scatter import WINDOW_ATTRS
+from ..ir.types import TensorType
 from .layout import Layout
 
 
@@ -63,17 +65,60 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
             if rows.one_hop:
                 operands[i] = _exchange(em, operands[i], halo.dim, rows, axes, fill)
             else:
-                warnings.warn(
-                    f"{op.name} at {_where(op)}: its window needs "
-                    f"{rows.left} rows before and {rows.right} after a tile of {rows.n} along "
-                    f"dimension {halo.dim} (tiled {k} ways over {', '.join(axes)}), more than "
-                    f"a neighbour holds; gathering that dimension instead of a halo exchange",
-                    HaloWarning, stacklevel=2)
+                _warn_wide(op, halo.dim, rows, axes, k)
                 operands[i] = _gathered_window(em, operands[i], halo.dim, rows, axes, fill)
         pads[halo.pad_row] = [rows.lo, rows.hi]
     if pads:
         attrs["padding"] = format_padding(pads)
     return operands
+
+
+def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: TensorType,
+                         regions: list[Region], have: list[Layout], wanted: list[Layout]
+                         ) -> Value:
+    """A padded select_and_scatter (ir/padded_scatter.py) as local pad, select_and_scatter
+    and slice. Along a dimension tiled by a halo entry the image arrives with its halos (the
+    pad value past the global edges) and the source with its own (zeros past the edges: a
+    window there scatters nothing), the pad is already in the extended image, and the slice
+    keeps this device's rows."""
+    warn_gathered(op, have, wanted)
+    x, source, init, fill = operands
+    rank = x.type.rank
+    low, high = (parse_i64_array(op.attributes.get(k, "")) or [0] * rank
+                 for k in ("edge_padding_low", "edge_padding_high"))
+    keep = list(low)
+    for halo, axes in halo_axes(nest):
+        k = em.mesh.product(axes)
+        rows, src = halo.rows(k), halo.source_rows(k)
+        zero = em.scalar(0, source.type.element)
+        if rows.one_hop and src.one_hop:
+            x = _exchange(em, x, halo.dim, rows, axes, fill)
+            source = _exchange(em, source, halo.dim, src, axes, zero)
+        else:
+            _warn_wide(op, halo.dim, rows, axes, k)
+            x = _gathered_window(em, x, halo.dim, rows, axes, fill)
+            source = _gathered_window(em, source, halo.dim, src, axes, zero)
+        low[halo.dim] = high[halo.dim] = 0
+        keep[halo.dim] = rows.left
+    shape = [n + lo + hi for n, lo, hi in zip(x.type.shape, low, high)]
+    padded = em.emit("stablehlo.pad", [x, fill], [x.type.with_shape(tuple(shape))],
+                     {"edge_padding_low": i64_array(low), "edge_padding_high": i64_array(high),
+                      "interior_padding": i64_array([0] * rank)}).results[0]
+    attrs = {key: op.attributes[key] for key in WINDOW_ATTRS if key in op.attributes}
+    scattered = em.emit("stablehlo.select_and_scatter", [padded, source, init],
+                        [padded.type], attrs, regions).results[0]
+    return em.emit("stablehlo.slice", [scattered], [result],
+                   {"start_indices": i64_array(keep),
+                    "limit_indices": i64_array([s + n for s, n in zip(keep, result.shape)]),
+                    "strides": i64_array([1] * rank)}).results[0]
+
+
+def _warn_wide(op: Op, dim: int, rows: HaloRows, axes, k: int) -> None:
+    warnings.warn(
+        f"{op.name} at {_where(op)}: its window needs {rows.left} rows before and "
+        f"{rows.right} after a tile of {rows.n} along dimension {dim} (tiled {k} ways over "
+        f"{', '.join(axes)}), more than a neighbour holds; gathering that dimension instead "
+        f"of a halo exchange", HaloWarning, stacklevel=3)
 
 
 def warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:

@@ -22,12 +22,13 @@ from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
 from ..ir.graph import Block, Func, Op, Region, Value, walk
 from ..ir.importer import INTERLEAVE_OP, ROLL_OP
+from ..ir.padded_scatter import PADDED_SCATTER_OP
 from ..ir.printer import print_func
 from ..ir.types import TensorType
 from .accumulation import PendingSums, linear_operands
 from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
-from .halo import extend_operands, warn_gathered
+from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
 from .masking import apply_mask, drop_index_hints, masks
@@ -768,6 +769,10 @@ class _Lowering:
                                                      vocab_axes)]
         if op.name in (ROLL_OP, INTERLEAVE_OP):
             results = [self._lower_marker(op, operands[0], nest)]
+        elif op.name == PADDED_SCATTER_OP:
+            results = [lower_padded_scatter(self.em, op, nest, operands, result_types[0],
+                                            regions, [self.local[v][1] for v in op.inputs],
+                                            wanted)]
         else:
             results = self.em.emit(op.name, operands, result_types, attrs, regions).results
         if vocab_axes:

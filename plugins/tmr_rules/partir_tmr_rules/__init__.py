@@ -4,6 +4,7 @@ partitioned op needs a lowering that Shardy's rule does not describe (DESIGN.md 
 from __future__ import annotations
 
 from partir_plugin.extend import (
+    PADDED_SCATTER_OP,
     Op,
     Sum,
     TileMappingRegistry,
@@ -11,6 +12,7 @@ from partir_plugin.extend import (
     entries_from_shardy,
     hookimpl,
     lookup_dim,
+    padded_scatter_entries,
     splat_value,
 )
 
@@ -93,5 +95,8 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     # partir_plugin.markers.interleave: likewise; the lowering moves chunks where dim 0 is tiled.
     registry.register("partir.interleave", identity_rule)
     registry.register("stablehlo.gather", gather_rule)
+    # A max-pool's gradient (pad, select_and_scatter, slice; fused by the importer): batch and
+    # channels pass through, a spatial dimension exchanges halos like the pool.
+    registry.register(PADDED_SCATTER_OP, padded_scatter_entries)
     for name in CHLO_ELEMENTWISE:
         registry.register(name, elementwise_rule)
