@@ -93,8 +93,8 @@ def verify_op(op: Op, entries: Sequence[TMREntry], parts: int = 2, *, seed: int 
 
     Raises `NotProbeable` for ops that cannot run alone."""
     usable = [e for e in entries if _splits(op, e, parts)]
-    halos = [_verify_halo(op, e, parts, seed) for e in usable if isinstance(e, HaloEntry)]
-    usable = [e for e in usable if not isinstance(e, HaloEntry)]
+    halos = [_verify_side_by_side(op, e, parts, seed) for e in usable if _communicates(e)]
+    usable = [e for e in usable if not _communicates(e)]
     return (_run([_Probe(op, usable, parts, seed)]) if usable else []) + halos
 
 
@@ -124,9 +124,9 @@ def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Seq
         seen.add(key)
         for p in parts:
             usable = [e for e in entries if _splits(op, e, p)]
-            report.verdicts += [_verify_halo(op, e, p, len(seen)) for e in usable
-                                if isinstance(e, HaloEntry)]
-            usable = [e for e in usable if not isinstance(e, HaloEntry)]
+            report.verdicts += [_verify_side_by_side(op, e, p, len(seen)) for e in usable
+                                if _communicates(e)]
+            usable = [e for e in usable if not _communicates(e)]
             if not usable:
                 continue
             try:
@@ -262,11 +262,18 @@ def _copy_op(op: Op, body: Block, env: dict[Value, Value]) -> Op:
     return new
 
 
-def _verify_halo(op: Op, entry: HaloEntry, parts: int, seed: int) -> EntryVerdict:
-    """A halo entry's tiles read their neighbours' rows (collective_permute), which the
-    temporal probe, one tile at a time on one device, cannot run: its tiles run side by side
-    on `parts` devices, lowered as a partitioned program is (partial sums reduced), and the
-    assembled results are compared with the op run whole."""
+def _communicates(entry: TMREntry) -> bool:
+    """Does the entry's lowering communicate inside the op: a halo entry's tiles read their
+    neighbours' rows, an own-reducer Sum gathers its partials?"""
+    return isinstance(entry, HaloEntry) or any(
+        isinstance(r, Sum) and not r.pending for r in entry.results)
+
+
+def _verify_side_by_side(op: Op, entry: TMREntry, parts: int, seed: int) -> EntryVerdict:
+    """An entry that communicates inside the op (`_communicates`), which the temporal probe,
+    one tile at a time on one device, cannot run: its tiles run side by side on `parts`
+    devices, lowered as a partitioned program is (partial sums reduced), and the assembled
+    results are compared with the op run whole."""
     import jax
 
     from .runtime.executable import DeviceLocalFunction, jax_mesh_for

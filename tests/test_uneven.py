@@ -4,6 +4,7 @@ devices (never XLA's sharded output), with inputs that a zero in the padding wou
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import jax
@@ -13,6 +14,10 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.padding import is_padded, local_extent, tile_bounds
+from partir_plugin.extend import Sum, verify_registry
+from partir_plugin.ir.graph import walk
+from partir_plugin.ir.importer import import_lowered
+from partir_plugin.kernel import default_registry
 
 MESH = {"m": 8}
 
@@ -71,6 +76,31 @@ REDUCTIONS = {
 def test_reductions_over_37_tiled_8_ways(name):
     fn, data = REDUCTIONS[name]
     _check(fn, (data((37, 6)),), {"x": 0})
+
+
+@pytest.mark.parametrize("rows", [37, 40])
+def test_argmax_reduces_tiles_and_gathers_only_partials(rows):
+    """argmax and argmin (a reduce of values and their indices) run on their tiles and
+    combine the k partials with their own reducer: two all_gathers of [8, 6] (values,
+    indices), never of the operand. Ties go to the first index, NaN wins and a column of
+    -inf gives index 0, as in jax.jit, padded or not: bit for bit."""
+    x = np.random.default_rng(0).normal(size=(rows, 6)).astype(np.float32) - 3.0
+    x[5, 0] = np.nan
+    x[:, 1] = -np.inf
+    x[3:9, 2] = 7.0
+    x[rows - 1, 3] = 9.0  # the maximum in the last (padded) tile
+    for fn in (lambda x: jnp.argmax(x, axis=0), lambda x: jnp.argmin(x, axis=0)):
+        f, meta = partir.jit(fn, MESH, [partir.ManualPartition({"x": 0}, axis="m")])
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(jax.jit(fn)(x)))
+        gathers = re.findall(r'"stablehlo.all_gather".*-> tensor<([^>]*)>',
+                             meta.device_local_stablehlo)
+        assert sorted(gathers) == ["8x6xf32", "8x6xi32"], gathers
+
+    func = import_lowered(jax.jit(lambda x: jnp.argmax(x, axis=0)).lower(x[:32]))
+    report = verify_registry(walk(func.ops), default_registry(), parts=(2, 4))
+    own = [v for v in report.verdicts if any(isinstance(r, Sum) and not r.pending
+                                            for r in v.entry.results)]
+    assert len(own) == 2 and not report.wrong, str(report)
 
 
 def test_max_masks_padding_with_minus_infinity_and_reports_it():

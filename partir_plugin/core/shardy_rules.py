@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..ir.attributes import parse_array
 from ..ir.graph import Op
-from .tmr import Sum, TMREntry
+from .tmr import OWN_REDUCER, Sum, TMREntry
 from .windows import halo_entries
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
@@ -128,12 +128,28 @@ def reduce_kind(op: Op) -> str | None:
     return kind
 
 
-def is_zero(v) -> bool:
-    """Is `v` a splat zero (a constant, or a broadcast of one)?"""
+def _variadic(op: Op) -> bool:
+    """Is `op` a reduce of several operands (argmax, argmin: a value and its index) with
+    constant init values, whose partials its own reducer combines (`OWN_REDUCER`)? The
+    lowering applies the inits again and masks padding with them, which is exact where they
+    are the reducer's identity, as jax's are (StableHLO leaves other inits
+    implementation-defined). A single-operand reduce with a plain reducer and another init
+    (`lax.reduce(x, 1.0, add)`) is left whole."""
+    return len(op.results) > 1 and all(splat_value(_through_broadcast(v)) is not None
+               for v in op.operands[len(op.operands) // 2:])
+
+
+def _through_broadcast(v) -> Op | None:
+    """`v`'s producer, or the producer of what it broadcasts."""
     op = v.producer
     if op is not None and op.name == "stablehlo.broadcast_in_dim":
         op = op.operands[0].producer
-    return splat_value(op) == 0
+    return op
+
+
+def is_zero(v) -> bool:
+    """Is `v` a splat zero (a constant, or a broadcast of one)?"""
+    return splat_value(_through_broadcast(v)) == 0
 
 
 def scatter_kind(op: Op) -> str | None:
@@ -205,7 +221,7 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     if op.name == "stablehlo.convolution" and _grouped_convolution(op):
         return []
     if op.name == "stablehlo.reduce":
-        reduction = reduce_kind(op)
+        reduction = reduce_kind(op) or (OWN_REDUCER if _variadic(op) else None)
     elif op.name == "stablehlo.scatter":
         reduction = scatter_kind(op)
     else:

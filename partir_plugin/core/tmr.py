@@ -14,14 +14,31 @@ from dataclasses import dataclass
 from ..ir.graph import Op
 
 
+# The reduction of a `Sum` whose partials only the op's own reducer can combine (a variadic
+# `reduce` such as argmax: a value and its index): the lowering gathers the k partials and
+# runs the reducer over them inside the op, so none stays pending after it.
+OWN_REDUCER = "reducer"
+
+
 @dataclass(frozen=True)
 class Sum:
     """A result that each tile computes partially; `reduction` combines the partials."""
 
-    reduction: str  # "add", "max", "min", "mul", "and", "or"
+    reduction: str  # "add", "max", "min", "mul", "and", "or", or OWN_REDUCER
+
+    @property
+    def pending(self) -> bool:
+        """Do the partials leave the op unreduced (an all_reduce's work, which may wait)?"""
+        return self.reduction != OWN_REDUCER
 
     def __str__(self) -> str:
         return f"sum<{self.reduction}>"
+
+
+def pending_sums(entry_nest, j: int) -> list[tuple[str, str]]:
+    """The (axis, reduction) pairs result j of an op in loop nest `entry_nest` leaves pending."""
+    return [(a, e.results[j].reduction) for a, e in entry_nest
+            if isinstance(e.results[j], Sum) and e.results[j].pending]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..core.shardy_rules import is_zero
 from ..core.state import PartitionState
-from ..core.tmr import Sum
+from ..core.tmr import Sum, pending_sums
 from ..ir.graph import Op, Value
 
 Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
@@ -91,9 +91,7 @@ class PendingSums:
         if op.name == "stablehlo.while":
             return self.carried(op, j)
         nest = self.state.nest_of(op)
-        partial = tuple((a, e.results[j].reduction) for a, e in nest
-                        if isinstance(e.results[j], Sum))
-        return (*self.forwarded(op), *partial)
+        return (*self.forwarded(op), *pending_sums(nest, j))
 
     def forwarded(self, op: Op, assume: dict[Value, Partial] | None = None) -> Partial:
         """The pending sum `op` runs on: its linear operands all carry the same one (of

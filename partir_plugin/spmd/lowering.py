@@ -17,7 +17,7 @@ from ..core.gather import lookup_dim, offset_dims, scatter_dim, update_window_di
 from ..core.mesh import Mesh
 from ..core.padding import ceil_div, is_padded, local_extent, tile_bounds
 from ..core.state import PartitionState
-from ..core.tmr import Sum
+from ..core.tmr import OWN_REDUCER, Sum, pending_sums
 from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
 from ..ir.graph import Block, Func, Op, Region, Value, walk
@@ -744,10 +744,8 @@ class _Lowering:
         produced = []
         for j, r in enumerate(op.results):
             tiles = [(a, e.results[j]) for a, e in nest if not isinstance(e.results[j], Sum)]
-            partial = [(a, e.results[j].reduction) for a, e in nest
-                       if isinstance(e.results[j], Sum)]
-            produced.append(Layout.from_tiles(r.type.rank, tiles, [*forwarded, *partial],
-                                              self.mesh))
+            produced.append(Layout.from_tiles(r.type.rank, tiles,
+                                              [*forwarded, *pending_sums(nest, j)], self.mesh))
         operands = inputs[: len(op.operands)]
         env = dict(zip(op.captures, inputs[len(op.operands):]))
         result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
@@ -760,7 +758,10 @@ class _Lowering:
         elif op.name in UNHALOED_OPS:
             warn_gathered(op, [self.local[v][1] for v in op.inputs], wanted)
         for mask in masks(op, nest, self.mesh):
-            operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask)
+            # Own-reducer partials: the padding becomes the reduce's init value (an identity).
+            fill = (operands[len(op.operands) // 2 + mask.operand]
+                    if mask.reduction == OWN_REDUCER else None)
+            operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask, fill)
         drop_index_hints(op, attrs, wanted, self.mesh)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
@@ -780,11 +781,32 @@ class _Lowering:
                                                operands[0].type.shape[k], offset_dims(op))]
         if op.name == "stablehlo.iota":
             results = [self._offset_iota(op, results[0], produced[0])]
+        own = tuple(a for a, e in nest
+                    if any(isinstance(r, Sum) and not r.pending for r in e.results))
+        if own:
+            results = self._combine_partials(op, results, operands, own)
         for r, x, lay in zip(op.results, results, produced):
             self.local[r] = (x, lay)
         if caching:
             self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
                                            [self.local[r] for r in op.results])
+
+    def _combine_partials(self, op: Op, partials: list[Value], operands: list[Value],
+                          axes: tuple[str, ...]) -> list[Value]:
+        """A reduce whose partials only its own reducer combines (`OWN_REDUCER`: argmax's
+        value and index): each partial all-gathered over `axes` on a new leading dimension,
+        and the reduce run again over it with the same reducer and init values. The
+        partials are as small as the result, so the gather is too."""
+        em = self.em
+        stacked = []
+        for x in partials:
+            one = em.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
+                          ).results[0]
+            stacked.append(em.all_gather(one, 0, axes))
+        inits = operands[len(op.operands) // 2:]
+        return em.emit("stablehlo.reduce", [*stacked, *inits], [x.type for x in partials],
+                       {"dimensions": i64_array([0])}, [clone_region(op.regions[0], {})]
+                       ).results
 
     def _lower_marker(self, op: Op, x: Value, nest: tuple) -> Value:
         """`partir.roll` / `partir.interleave` (markers.py): data movement along one dimension,

@@ -80,9 +80,10 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     return list(found.values())
 
 
-def apply_mask(em, x: Value, mask: Mask) -> Value:
+def apply_mask(em, x: Value, mask: Mask, identity: Value | None = None) -> Value:
     """`x` (a local operand) with rows past this device's valid count on `mask.dim` set to
-    the reduction's identity."""
+    the reduction's identity (`identity`, a scalar, where the op gives it: a reduce's init
+    value for its own reducer)."""
     p = mask.padded
     valid = [tile_bounds(p.n, p.sizes, [em.mesh.coord(r, a) for a in p.axes])[1]
              for r in range(em.mesh.size)]
@@ -90,8 +91,9 @@ def apply_mask(em, x: Value, mask: Mask) -> Value:
     rows = em.emit("stablehlo.iota", [], [index_t],
                    {"iota_dimension": f"{mask.dim} : i64"}).results[0]
     inside = em.compare(rows, em.broadcast(em.per_device(valid), index_t), "LT")
-    return em.where(inside, x, em.literal(identity_literal(mask.reduction, x.type.element),
-                                          x.type.element))
+    if identity is None:
+        identity = em.literal(identity_literal(mask.reduction, x.type.element), x.type.element)
+    return em.where(inside, x, identity)
 
 
 def padding_report(state) -> list[str]:
