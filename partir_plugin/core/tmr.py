@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from ..ir.graph import Op
 
-
 # The reduction of a `Sum` whose partials only the op's own reducer can combine (a variadic
 # `reduce` such as argmax: a value and its index): the lowering gathers the k partials and
 # runs the reducer over them inside the op, so none stays pending after it.
