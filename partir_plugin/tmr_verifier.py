@@ -27,12 +27,13 @@ import numpy as np
 from .core.mesh import Mesh
 from .core.state import PartitionState
 from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
+from .core.scan import ScanEntry
 from .core.windows import HaloEntry
-from .ir.graph import Block, Func, Op, Value, walk
+from .ir.graph import Block, Func, Op, Value, clone_region, walk
 from .ir.types import TensorType, numpy_dtype_of
 from .spmd.collectives import count_collectives
 from .spmd.layout import Layout
-from .spmd.lowering import clone_region, lower_to_spmd
+from .spmd.lowering import lower_to_spmd
 
 _RULE = re.compile(r"#sdy\.op_sharding_rule<(\(.*?\)->\(.*?\))")
 # Reductions of partial results, as numpy folds over the tiles' partials.
@@ -264,8 +265,8 @@ def _copy_op(op: Op, body: Block, env: dict[Value, Value]) -> Op:
 
 def _communicates(entry: TMREntry) -> bool:
     """Does the entry's lowering communicate inside the op: a halo entry's tiles read their
-    neighbours' rows, an own-reducer Sum gathers its partials?"""
-    return isinstance(entry, HaloEntry) or any(
+    neighbours' rows, a scan gathers the tile totals, an own-reducer Sum its partials?"""
+    return isinstance(entry, (HaloEntry, ScanEntry)) or any(
         isinstance(r, Sum) and not r.pending for r in entry.results)
 
 

@@ -4,6 +4,7 @@ devices (never XLA's sharded output), with inputs that a zero in the padding wou
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 
@@ -14,7 +15,8 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.padding import is_padded, local_extent, tile_bounds
-from partir_plugin.extend import Sum, verify_registry
+from partir_plugin.core.scan import ScanEntry
+from partir_plugin.extend import Sum, verify_entry, verify_registry
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.kernel import default_registry
@@ -101,6 +103,60 @@ def test_argmax_reduces_tiles_and_gathers_only_partials(rows):
     own = [v for v in report.verdicts if any(isinstance(r, Sum) and not r.pending
                                             for r in v.entry.results)]
     assert len(own) == 2 and not report.wrong, str(report)
+
+
+SCANS = {
+    "cumsum": lambda x: jnp.cumsum(x, axis=0),
+    "cumsum-reversed": lambda x: jax.lax.cumsum(x, 0, reverse=True),
+    "cummax": lambda x: jax.lax.cummax(x, 0),
+    "cummin-reversed": lambda x: jax.lax.cummin(x, 0, reverse=True),
+    "cumprod": lambda x: jax.lax.cumprod(x * 0.5, 0),
+    "cumsum-gradient": jax.grad(lambda x: (jnp.cumsum(x, axis=0) ** 2).sum()),
+}
+
+
+@pytest.mark.parametrize("rows", [37, 64])
+@pytest.mark.parametrize("name", sorted(SCANS))
+def test_scans_over_a_tiled_dimension_gather_only_tile_totals(name, rows):
+    """A scan (jax's cumsum is a reduce_window as long as the dimension) runs on each tile and
+    adds the carry of the tiles before it: one all_gather of the tile totals ([8, 6]), never of
+    the operand, on one axis and on two (37 over 2 then 4 pads a tile in the middle). The
+    padding holds the reducer's identity, so reversed scans are right too. An uneven output
+    is gathered and trimmed (the one other all_gather, of the result)."""
+    x = _negative((rows, 6))
+    for mesh, axes in (({"m": 8}, ("m",)), ({"a": 2, "b": 4}, ("a", "b"))):
+        schedule = [partir.ManualPartition({"x": 0}, axis=a) for a in axes]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+            _, meta = _check(SCANS[name], (x,), {"x": 0}, mesh=mesh, schedule=schedule,
+                             uneven_outputs="replicate")
+        text = meta.device_local_stablehlo
+        gathers = re.findall(r'"stablehlo.all_gather".*-> tensor<([^>]*)>', text)
+        assert gathers.count("8x6xf32") == (2 if "gradient" in name else 1), gathers
+        if rows == 64:
+            assert set(gathers) == {"8x6xf32"}, gathers
+        else:  # the output's gather, after the last scan
+            last_scan = text.rindex('"stablehlo.reduce_window"')
+            assert all(m.start() > last_scan for m in re.finditer(
+                r'"stablehlo.all_gather".*-> tensor<(?!8x6xf32)', text)), gathers
+
+
+def test_scan_entries_verify_side_by_side():
+    """The forward cumsum and its gradient (a reversed cumsum): each scan entry, run on 2 and
+    4 devices side by side, gives the whole op's result; a scan entry with the direction
+    flipped is caught."""
+    func = import_lowered(jax.jit(jax.grad(lambda x: (jnp.cumsum(x, 1) ** 2).sum()))
+                          .lower(jnp.ones((4, 32))))
+    ops = list(walk(func.ops))
+    registry = default_registry()
+    report = verify_registry(ops, registry, parts=(2, 4))
+    scans = [v for v in report.verdicts if isinstance(v.entry, ScanEntry)]
+    assert {(v.entry.reverse, v.parts) for v in scans} == {
+        (False, 2), (False, 4), (True, 2), (True, 4)}, str(report)
+    assert not report.wrong, str(report)
+    op = next(op for op in ops if op.name == "stablehlo.reduce_window")
+    entry = next(e for e in registry.entries(op) if isinstance(e, ScanEntry))
+    assert not verify_entry(op, dataclasses.replace(entry, reverse=not entry.reverse), 4).ok
 
 
 def test_max_masks_padding_with_minus_infinity_and_reports_it():

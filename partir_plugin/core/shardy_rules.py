@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..ir.attributes import parse_array
 from ..ir.graph import Op
 from .tmr import OWN_REDUCER, Sum, TMREntry
+from .scan import scan_entries
 from .windows import halo_entries
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
@@ -111,8 +112,8 @@ def splat_value(op: Op | None):
 
 
 def reduce_kind(op: Op) -> str | None:
-    """The reduction a single-result `stablehlo.reduce` applies, if it is a plain one whose
-    partial results may be combined across tiles."""
+    """The reduction a single-result `stablehlo.reduce` (or `reduce_window`) applies, if it
+    is a plain one whose partial results may be combined across tiles."""
     if len(op.results) != 1 or not op.regions:
         return None
     body = op.regions[0].blocks[0].ops
@@ -122,7 +123,7 @@ def reduce_kind(op: Op) -> str | None:
     if kind is None:
         return None
     if kind in _NEEDS_IDENTITY_INIT:
-        init = splat_value(op.operands[1].producer)
+        init = splat_value(_through_broadcast(op.operands[1]))
         if init is None or init != _NEEDS_IDENTITY_INIT[kind]:
             return None
     return kind
@@ -237,6 +238,8 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
                    if not (e.operands[0] in halos and any(isinstance(r, Sum) for r in e.results))]
     if op.name in ("stablehlo.convolution", "stablehlo.reduce_window"):
         entries = [*entries, *halo_entries(op, list(entries))]
+    if op.name == "stablehlo.reduce_window":
+        entries = [*entries, *scan_entries(op, reduce_kind(op))]
     return list(entries)
 
 

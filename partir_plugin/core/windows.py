@@ -17,9 +17,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..ir.attributes import parse_i64_array
+from ..ir.attributes import parse_i64_array, parse_padding
 from ..ir.graph import Op
 from ..ir.padded_scatter import PADDED_SCATTER_OP
+from .scan import scan_dims
 from .tmr import Sum, TMREntry
 
 
@@ -124,21 +125,6 @@ class HaloEntry(TMREntry):
         return f"{super().__str__()} halo<{self.halo.dim}>"
 
 
-def parse_padding(text: str, rows: int) -> list[list[int]]:
-    """A `dense<[[lo, hi], ...]>` (or splat `dense<p>`) padding attribute as `rows` pairs."""
-    if not text:
-        return [[0, 0] for _ in range(rows)]
-    values = [int(x) for x in re.findall(r"-?\d+", text.split(":")[0])]
-    if len(values) == 1:
-        return [[values[0], values[0]] for _ in range(rows)]
-    return [values[2 * i: 2 * i + 2] for i in range(rows)]
-
-
-def format_padding(pads: list[list[int]]) -> str:
-    body = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
-    return f"dense<[{body}]> : tensor<{len(pads)}x2xi64>"
-
-
 def _ints(op: Op, key: str, rank: int) -> list[int]:
     return parse_i64_array(op.attributes.get(key, "")) or [1] * rank
 
@@ -183,9 +169,12 @@ def _reduce_window_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int
     pads = parse_padding(op.attributes.get("padding", ""), rank)
     size_in, size_out = op.operands[0].type.shape, op.results[0].type.shape
     found = []
+    scans = scan_dims(op)
     for d in range(rank):
         if window[d] == 1 and strides[d] == 1 and base[d] == 1 and pads[d] == [0, 0]:
             continue  # a plain elementwise dimension: Shardy's pass-through entry
+        if d in scans:
+            continue  # a scan (cumsum): `scan.ScanEntry`, not a halo
         if size_out[d] * strides[d] != size_in[d] * base[d] or size_out[d] <= 1:
             continue
         operands = tuple(d if i < inputs else None for i in range(len(op.operands)))
@@ -277,6 +266,8 @@ def no_halo_reason(op: Op, dim: int) -> str:
             return "its scatter does not add"
         return ("its source does not have one row per stride of image rows, or the tiles do "
                 "not divide it")
+    if dim in scan_dims(op):
+        return "it scans the whole dimension with a reducer that has no scan rule"
     found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)
     halo = next((h for _, _, h in found if h.dim == dim), None)
     if halo is None:

@@ -1,5 +1,5 @@
-"""Dense array attributes (`array<i64: 1, 2>`, `array<i1: true, false>`) read from and written
-to the MLIR text the IR keeps attributes as."""
+"""Dense array attributes (`array<i64: 1, 2>`, `array<i1: true, false>`) and windows' padding
+(`dense<[[lo, hi], ...]>`) read from and written to the MLIR text the IR keeps attributes as."""
 
 from __future__ import annotations
 
@@ -28,3 +28,18 @@ def parse_scalar(text: str) -> int | bool:
     if value in ("true", "false"):
         return value == "true"
     return int(value)
+
+
+def parse_padding(text: str, rows: int) -> list[list[int]]:
+    """A `dense<[[lo, hi], ...]>` (or splat `dense<p>`) padding attribute as `rows` pairs."""
+    if not text:
+        return [[0, 0] for _ in range(rows)]
+    values = [int(x) for x in re.findall(r"-?\d+", text.split(":")[0])]
+    if len(values) == 1:
+        return [[values[0], values[0]] for _ in range(rows)]
+    return [values[2 * i: 2 * i + 2] for i in range(rows)]
+
+
+def format_padding(pads: list[list[int]]) -> str:
+    body = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+    return f"dense<[{body}]> : tensor<{len(pads)}x2xi64>"

@@ -126,6 +126,23 @@ def walk(ops: list[Op]):
                 yield from walk(block.ops)
 
 
+def clone_region(region: Region, env: dict[Value, Value]) -> Region:
+    """A copy of `region`, its outside values mapped through `env` (which gains the copies)."""
+    out = Region()
+    for block in region.blocks:
+        b = Block()
+        for a in block.args:
+            env[a] = b.add_arg(a.type)
+        for op in block.ops:
+            new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
+                     dict(op.attributes), [clone_region(r, env) for r in op.regions])
+            for r, n in zip(op.results, new.results):
+                env[r] = n
+            b.ops.append(new)
+        out.blocks.append(b)
+    return out
+
+
 TERMINATORS = frozenset({"stablehlo.return", "func.return"})
 PARTITIONED_REGIONS = frozenset({"stablehlo.while", "stablehlo.case"})  # bodies partitioned
 

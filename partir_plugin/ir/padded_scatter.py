@@ -19,9 +19,7 @@ selected there, while jax's pad rows (-inf) win ties with real -inf values.
 
 from __future__ import annotations
 
-import re
-
-from .attributes import parse_i64_array
+from .attributes import parse_i64_array, parse_padding
 from .graph import Block, Func, Op, Value, walk
 
 PADDED_SCATTER_OP = "partir.padded_select_and_scatter"
@@ -91,8 +89,8 @@ def _trio(op: Op, uses: dict[Value, int]) -> tuple[Op, Op] | None:
 
 def _has_padding(scatter: Op) -> bool:
     """Does the select_and_scatter pad its operand itself (a `padding` attribute not all 0)?"""
-    text = scatter.attributes.get("padding", "").split(":")[0]
-    return any(int(x) for x in re.findall(r"-?\d+", text))
+    rows = parse_padding(scatter.attributes.get("padding", ""), scatter.operands[0].type.rank)
+    return any(lo or hi for lo, hi in rows)
 
 
 def _fused(pad: Op, scatter: Op, cut: Op) -> Op:

@@ -18,12 +18,10 @@ from ..core.windows import (
     Halo,
     HaloEntry,
     HaloRows,
-    format_padding,
     no_halo_reason,
-    parse_padding,
     windowed_dims,
 )
-from ..ir.attributes import i64_array, parse_i64_array
+from ..ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
 from ..ir.graph import Op, Region, Value
 from ..ir.locations import parse_location
 from ..ir.padded_scatter import WINDOW_ATTRS

@@ -20,7 +20,7 @@ from ..core.state import PartitionState
 from ..core.tmr import OWN_REDUCER, Sum, pending_sums
 from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
-from ..ir.graph import Block, Func, Op, Region, Value, walk
+from ..ir.graph import Block, Func, Op, Region, Value, clone_region, walk
 from ..ir.importer import INTERLEAVE_OP, ROLL_OP
 from ..ir.padded_scatter import PADDED_SCATTER_OP
 from ..ir.printer import print_func
@@ -30,6 +30,7 @@ from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
+from .scan import lower_scan, scan_axes
 from .layout import Layout
 from .masking import apply_mask, drop_index_hints, masks
 from .provenance import Conversion, mark_origin
@@ -768,8 +769,12 @@ class _Lowering:
         if vocab_axes:
             operands = [operands[0], self._local_ids(op, operands[0], operands[1], k,
                                                      vocab_axes)]
+        scans = scan_axes(nest) if op.name == "stablehlo.reduce_window" else {}
         if op.name in (ROLL_OP, INTERLEAVE_OP):
             results = [self._lower_marker(op, operands[0], nest)]
+        elif scans:
+            results = [lower_scan(self.em, op, scans, operands, attrs, result_types[0],
+                                  regions)]
         elif op.name == PADDED_SCATTER_OP:
             results = [lower_padded_scatter(self.em, op, nest, operands, result_types[0],
                                             regions, [self.local[v][1] for v in op.inputs],
@@ -988,22 +993,6 @@ def _rewrite_attributes(op: Op, attrs: dict[str, str], operands: list[Value],
             if g != loc and sizes[d] == g:  # a whole-slice (offset) dimension that is tiled
                 sizes[d] = loc
         attrs["slice_sizes"] = i64_array(sizes)
-
-
-def clone_region(region: Region, env: dict[Value, Value]) -> Region:
-    out = Region()
-    for block in region.blocks:
-        b = Block()
-        for a in block.args:
-            env[a] = b.add_arg(a.type)
-        for op in block.ops:
-            new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
-                     dict(op.attributes), [clone_region(r, env) for r in op.regions])
-            for r, n in zip(op.results, new.results):
-                env[r] = n
-            b.ops.append(new)
-        out.blocks.append(b)
-    return out
 
 
 def lower_to_spmd(state: PartitionState, cache: LoweringCache | None = None, *,

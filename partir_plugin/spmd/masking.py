@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..core.gather import lookup_dim
 from ..core.mesh import Mesh
 from ..core.padding import PaddedDim, is_padded, tile_bounds
+from ..core.scan import ScanEntry
 from ..core.tmr import Sum
 from ..ir.graph import Op, Value
 from ..ir.types import TensorType
@@ -65,7 +66,10 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     found: dict[tuple[int, int], Mask] = {}
     lookup = lookup_dim(op)
     for _, entry in nest:
-        sums = [r for r in entry.results if isinstance(r, Sum)]
+        # A scan reads its padding into the rows after it (reversed: before it) as a
+        # reduction reads it into its result.
+        sums = ([Sum(entry.reduction)] if isinstance(entry, ScanEntry)
+                else [r for r in entry.results if isinstance(r, Sum)])
         if not sums:
             continue
         for i, v in enumerate(op.operands):
