@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core.mesh import Mesh
+from .core.scan import ScanEntry
 from .core.state import PartitionState
 from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
-from .core.scan import ScanEntry
 from .core.windows import HaloEntry
 from .ir.graph import Block, Func, Op, Value, clone_region, walk
 from .ir.types import TensorType, numpy_dtype_of

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ..ir.attributes import parse_array
 from ..ir.graph import Op
-from .tmr import OWN_REDUCER, Sum, TMREntry
 from .scan import scan_entries
+from .tmr import OWN_REDUCER, Sum, TMREntry
 from .windows import halo_entries
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")

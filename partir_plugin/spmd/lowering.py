@@ -30,11 +30,11 @@ from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
-from .scan import lower_scan, scan_axes
 from .layout import Layout
 from .masking import apply_mask, drop_index_hints, masks
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
+from .scan import lower_scan, scan_axes
 from .scatter_exchange import exchange_axes
 
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
