@@ -65,3 +65,33 @@ def test_reordered_axes_go_through_the_redistribution_planner():
     # collective_permute, never a gather to the full dimension.
     assert kinds == [("all_permute", ("a", "b"))]
     assert shape == (4, 16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_max_and_min_across_devices_propagate_nan_like_the_unpartitioned_program(dtype):
+    """XLA's float max/min all-reduce drops NaN (jax.jit's own sharded program gives 0 for
+    max(0, nan) over a sharded dimension); ours runs on integers that order like the floats,
+    so NaN wins as in `stablehlo.maximum`, and -0.0, infinities and negatives stay exact."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import partir_plugin as partir
+
+    x = np.zeros((16, 6), np.float32)
+    x[3, 0] = np.nan  # NaN in one device's rows only
+    x[:, 1] = -np.inf
+    x[:, 2] = -0.0
+    x[9, 2] = 0.0
+    x[:, 3] = -np.abs(np.random.default_rng(0).normal(size=16)) - 1
+    x[12, 4], x[1, 4] = np.inf, np.nan
+    x[:, 5] = np.arange(16) - 7.5
+    x = jnp.asarray(x, dtype)
+    fn = lambda x: (jnp.max(x, axis=0), jnp.min(x, axis=0))  # noqa: E731
+    f, meta = partir.jit(fn, {"m": 8}, [partir.ManualPartition({"x": 0}, axis="m")])
+    for got, want in zip(f(x), jax.jit(fn)(x), strict=True):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        numbers = ~np.isnan(want)  # a NaN's sign means nothing
+        assert np.array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))  # -0.0
+    assert meta.tactics[-1].collectives["all_reduce"] == 2

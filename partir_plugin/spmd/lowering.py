@@ -88,6 +88,10 @@ def _grouped(groups: list[list[int]]) -> dict[str, str]:
     return {"replica_groups": _groups_attr(groups), **_CHANNEL, "use_global_device_ids": "unit"}
 
 
+# The integer type a float max/min all-reduce runs on (`_Emitter._all_reduce_ordered`).
+_ORDERED_INT = {"f64": "i64", "f32": "i32", "bf16": "i16", "f16": "i16"}
+
+
 class _Emitter:
     """Appends device-local ops to a block; knows how to emit each collective."""
 
@@ -191,10 +195,37 @@ class _Emitter:
         return Region([b])
 
     def all_reduce(self, x: Value, axes, kind: str) -> Value:
+        if kind in ("max", "min") and x.type.element in _ORDERED_INT:
+            return self._all_reduce_ordered(x, axes, kind)
         op = self.emit("stablehlo.all_reduce", [x], [x.type],
                        _grouped(self.mesh.groups(tuple(axes))),
                        [self._reducer(kind, x.type.element)])
         return mark(op, "all_reduce", axes).results[0]
+
+    def _all_reduce_ordered(self, x: Value, axes, kind: str) -> Value:
+        """A max or min all-reduce of floats, done on integers that order like them. XLA's
+        float max/min all-reduce drops NaN (on CPU `max(0, nan)` gives 0 across devices,
+        where a `maximum` op and the unpartitioned program give NaN). The float's bits
+        with the non-sign bits of negatives flipped order as the floats do, so an integer
+        max/min is exact, and NaN becomes the extreme that wins (NaN propagates, as in
+        `stablehlo.maximum`). Elementwise work on each side; the collective is the same."""
+        bits_t = TensorType(x.type.shape, _ORDERED_INT[x.type.element])
+        width = int(bits_t.element[1:])
+        flip = self.splat(2 ** (width - 1) - 1, bits_t)
+        zero = self.splat(0, bits_t)
+
+        def ordered(bits: Value) -> Value:  # its own inverse
+            flipped = self.emit("stablehlo.xor", [bits, flip], [bits_t]).results[0]
+            return self.emit("stablehlo.select", [self.compare(bits, zero, "LT"), flipped, bits],
+                             [bits_t]).results[0]
+
+        key = ordered(self.emit("stablehlo.bitcast_convert", [x], [bits_t]).results[0])
+        extreme = 2 ** (width - 1) - 1 if kind == "max" else -2 ** (width - 1)
+        key = self.emit("stablehlo.select", [self.compare(x, x, "NE"),
+                                             self.splat(extreme, bits_t), key],
+                        [bits_t]).results[0]
+        reduced = self.all_reduce(key, axes, kind)
+        return self.emit("stablehlo.bitcast_convert", [ordered(reduced)], [x.type]).results[0]
 
     def reduce_scatter(self, x: Value, dim: int, axes, kind: str) -> Value:
         shape = list(x.type.shape)
