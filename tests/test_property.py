@@ -2,7 +2,7 @@
 mesh {"a": 4, "b": 2} give `jax.jit`'s numbers.
 
 A program is a `Recipe`: argument shapes and a list of op specs (elementwise unary and binary
-ops, dot_general with or without a batch dimension, reduce add/max/min, transpose,
+ops, dot_general with or without a batch dimension, reduce add/max/min/argmax/argmin, transpose,
 broadcast_in_dim, reshape split/merge (often of an argument, with a major factor smaller than
 an axis that may tile the dimension: the axis is split into sub-axes); less often iota, slice,
 pad, concatenate, reverse; and ops that index, window or loop: gather and scatter at constant
@@ -51,6 +51,7 @@ UNARY = {"sin": lax.sin, "tanh": lax.tanh, "neg": lax.neg, "abs": lax.abs, "erf"
 BINARY = {"add": lax.add, "sub": lax.sub, "mul": lax.mul, "max": lax.max, "min": lax.min}
 REDUCE = {"sum": lax.add, "max": lax.max, "min": lax.min}
 REDUCE_INIT = {"sum": 0.0, "max": -np.inf, "min": np.inf}
+ARG_REDUCE = {"argmax": jnp.argmax, "argmin": jnp.argmin}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ def apply_op(spec: tuple, get):
         return lax.dot_general(get(x), get(w), (((cx,), (cw,)), (bx, bw)))
     if op == "reduce":
         _, kind, x, dim = spec
+        if kind in ARG_REDUCE:  # the index, as a float (a value and its index reduced)
+            return ARG_REDUCE[kind](get(x), axis=dim).astype(np.float32) * 0.1
         return lax.reduce(get(x), np.float32(REDUCE_INIT[kind]), REDUCE[kind], (dim,))
     if op == "transpose":
         return lax.transpose(get(spec[1]), spec[2])
@@ -312,7 +315,7 @@ def recipes(draw) -> Recipe:
             if x is None:
                 continue
             dim = draw(st.integers(0, len(shapes[x]) - 1))
-            spec = ("reduce", draw(st.sampled_from(sorted(REDUCE))), x, dim)
+            spec = ("reduce", draw(st.sampled_from(sorted(REDUCE) + sorted(ARG_REDUCE))), x, dim)
             out_shape = tuple(s for d, s in enumerate(shapes[x]) if d != dim)
         elif kind == "transpose":
             x = pick(lambda s: len(s) >= 2)
