@@ -36,7 +36,7 @@ from .core.mesh import Mesh, parse_mesh
 from .core.propagation import propagate
 from .core.shardy_rules import entries_from_shardy, splat_value
 from .core.state import PartitionState
-from .core.tmr import Sum, TileMappingRegistry, TMREntry
+from .core.tmr import OWN_REDUCER, Sum, TileMappingRegistry, TMREntry
 from .core.windows import padded_scatter_entries
 from .errors import PartitionError, PluginError, UnknownNameError
 from .hookspecs import Override, hookimpl, override
@@ -69,15 +69,15 @@ from .tmr_verifier import (
 )
 
 __all__ = [
-    "FIRST_DIVISIBLE_DIM", "PADDED_SCATTER_OP", "REPLICATED", "UNKNOWN", "Block", "Budget",
-    "Collective", "EntryVerdict", "CollectiveCost", "CollectiveRecord", "Decision", "DecisionKind",
-    "FrozenPartition", "Func", "HardwareSpec", "Leaf", "LinkClass", "LoweringCache",
-    "ManualPartition", "Mesh", "Op", "Override", "PartitionError", "PartitionState",
-    "PipelineParallel", "PluginError", "Reason", "Regather", "Region", "SearchResult",
-    "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum", "TMREntry",
-    "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent", "UnknownNameError",
-    "Value", "VerificationReport", "collective_axes", "collective_kind", "entries_from_shardy",
-    "hookimpl", "lookup_dim", "lower_to_spmd", "override", "padded_scatter_entries", "parse_mesh",
-    "propagate", "resolve_hardware", "resolve_simulator", "simulate", "splat_value",
-    "verify_entry", "verify_registry", "verify_rule",
+    "FIRST_DIVISIBLE_DIM", "OWN_REDUCER", "PADDED_SCATTER_OP", "REPLICATED", "UNKNOWN", "Block",
+    "Budget", "Collective", "EntryVerdict", "CollectiveCost", "CollectiveRecord", "Decision",
+    "DecisionKind", "FrozenPartition", "Func", "HardwareSpec", "Leaf", "LinkClass",
+    "LoweringCache", "ManualPartition", "Mesh", "Op", "Override", "PartitionError",
+    "PartitionState", "PipelineParallel", "PluginError", "Reason", "Regather", "Region",
+    "SearchResult", "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum",
+    "TMREntry", "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent",
+    "UnknownNameError", "Value", "VerificationReport", "collective_axes", "collective_kind",
+    "entries_from_shardy", "hookimpl", "lookup_dim", "lower_to_spmd", "override",
+    "padded_scatter_entries", "parse_mesh", "propagate", "resolve_hardware", "resolve_simulator",
+    "simulate", "splat_value", "verify_entry", "verify_registry", "verify_rule",
 ]

@@ -159,6 +159,34 @@ def test_scan_entries_verify_side_by_side():
     assert not verify_entry(op, dataclasses.replace(entry, reverse=not entry.reverse), 4).ok
 
 
+@pytest.mark.parametrize("n,k", [(37, 3), (64, 5), (37, 12)])
+def test_top_k_merges_tile_candidates_like_top_k_on_the_whole_dimension(n, k):
+    """top_k over a tiled last dimension: each tile's top k (a tile shorter than k padded
+    with -inf), their indices made global, gathered and merged by a second top_k: two
+    all_gathers of [4, 8k] candidates and nothing of the operand. Ties go to the lower
+    index, a row of -inf gives indices 0..k-1, NaN counts as the largest, as jax.jit's
+    top_k gives them: bit for bit, on one axis and on two (37 over 2 then 4)."""
+    x = np.round(np.random.default_rng(n + k).normal(size=(4, n)) * 2).astype(np.float32)
+    x[0] = -np.inf
+    x[1, 5] = np.nan
+    x[2, n - 1] = 50.0  # the largest in the last (padded) tile
+    fn = lambda x: jax.lax.top_k(x, k)  # noqa: E731
+    for mesh, axes in (({"m": 8}, ("m",)), ({"a": 2, "b": 4}, ("a", "b"))):
+        schedule = [partir.ManualPartition({"x": 1}, axis=a) for a in axes]
+        f, meta = partir.jit(fn, mesh, schedule)
+        for got, want in zip(f(x), jax.jit(fn)(x), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        gathers = re.findall(r'"stablehlo.all_gather".*-> tensor<([^>]*)>',
+                             meta.device_local_stablehlo)
+        assert sorted(gathers) == [f"4x{8 * k}xf32", f"4x{8 * k}xi32"], gathers
+
+    func = import_lowered(jax.jit(fn).lower(x[:, :32]))
+    report = verify_registry(walk(func.ops), default_registry(), parts=(2, 4))
+    own = [v for v in report.verdicts if any(isinstance(r, Sum) and not r.pending
+                                            for r in v.entry.results)]
+    assert len(own) == 2 and not report.wrong, str(report)
+
+
 def test_max_masks_padding_with_minus_infinity_and_reports_it():
     _, meta = _check(lambda x: jnp.max(x, axis=0), (_negative((37, 6)),), {"x": 0})
     [line] = meta.tactics[-1].padding

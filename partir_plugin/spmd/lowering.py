@@ -32,6 +32,7 @@ from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
 from .masking import apply_mask, drop_index_hints, masks
+from .own_reducer import combine_partials, local_operands, own_identity
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
 from .scan import lower_scan, scan_axes
@@ -186,7 +187,7 @@ class _Emitter:
             out.append(i)
         return out
 
-    def _reducer(self, kind: str, element: str) -> Region:
+    def reducer(self, kind: str, element: str) -> Region:
         scalar = TensorType((), element)
         b = Block()
         x, y = b.add_arg(scalar), b.add_arg(scalar)
@@ -199,7 +200,7 @@ class _Emitter:
             return self._all_reduce_ordered(x, axes, kind)
         op = self.emit("stablehlo.all_reduce", [x], [x.type],
                        _grouped(self.mesh.groups(tuple(axes))),
-                       [self._reducer(kind, x.type.element)])
+                       [self.reducer(kind, x.type.element)])
         return mark(op, "all_reduce", axes).results[0]
 
     def _all_reduce_ordered(self, x: Value, axes, kind: str) -> Value:
@@ -233,7 +234,7 @@ class _Emitter:
         op = self.emit("stablehlo.reduce_scatter", [x], [x.type.with_shape(tuple(shape))],
                        {"scatter_dimension": f"{dim} : i64",
                         **_grouped(self.mesh.groups(tuple(axes)))},
-                       [self._reducer(kind, x.type.element)])
+                       [self.reducer(kind, x.type.element)])
         return mark(op, "reduce_scatter", axes).results[0]
 
     def all_gather(self, x: Value, dim: int, axes) -> Value:
@@ -790,10 +791,13 @@ class _Lowering:
         elif op.name in UNHALOED_OPS:
             warn_gathered(op, [self.local[v][1] for v in op.inputs], wanted)
         for mask in masks(op, nest, self.mesh):
-            # Own-reducer partials: the padding becomes the reduce's init value (an identity).
-            fill = (operands[len(op.operands) // 2 + mask.operand]
+            fill = (own_identity(self.em, op, operands, mask.operand)
                     if mask.reduction == OWN_REDUCER else None)
             operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask, fill)
+        own = tuple(a for a, e in nest
+                    if any(isinstance(r, Sum) and not r.pending for r in e.results))
+        if own:
+            operands = local_operands(self.em, op, operands)
         drop_index_hints(op, attrs, wanted, self.mesh)
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
@@ -817,32 +821,13 @@ class _Lowering:
                                                operands[0].type.shape[k], offset_dims(op))]
         if op.name == "stablehlo.iota":
             results = [self._offset_iota(op, results[0], produced[0])]
-        own = tuple(a for a, e in nest
-                    if any(isinstance(r, Sum) and not r.pending for r in e.results))
         if own:
-            results = self._combine_partials(op, results, operands, own)
+            results = combine_partials(self.em, op, results, operands, own)
         for r, x, lay in zip(op.results, results, produced):
             self.local[r] = (x, lay)
         if caching:
             self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
                                            [self.local[r] for r in op.results])
-
-    def _combine_partials(self, op: Op, partials: list[Value], operands: list[Value],
-                          axes: tuple[str, ...]) -> list[Value]:
-        """A reduce whose partials only its own reducer combines (`OWN_REDUCER`: argmax's
-        value and index): each partial all-gathered over `axes` on a new leading dimension,
-        and the reduce run again over it with the same reducer and init values. The
-        partials are as small as the result, so the gather is too."""
-        em = self.em
-        stacked = []
-        for x in partials:
-            one = em.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
-                          ).results[0]
-            stacked.append(em.all_gather(one, 0, axes))
-        inits = operands[len(op.operands) // 2:]
-        return em.emit("stablehlo.reduce", [*stacked, *inits], [x.type for x in partials],
-                       {"dimensions": i64_array([0])}, [clone_region(op.regions[0], {})]
-                       ).results
 
     def _lower_marker(self, op: Op, x: Value, nest: tuple) -> Value:
         """`partir.roll` / `partir.interleave` (markers.py): data movement along one dimension,

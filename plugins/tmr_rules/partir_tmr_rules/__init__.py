@@ -4,6 +4,7 @@ partitioned op needs a lowering that Shardy's rule does not describe (DESIGN.md 
 from __future__ import annotations
 
 from partir_plugin.extend import (
+    OWN_REDUCER,
     PADDED_SCATTER_OP,
     Op,
     Sum,
@@ -75,6 +76,17 @@ def gather_rule(op: Op) -> list[TMREntry] | None:
     return [*entries, TMREntry((k, None), (Sum("add"),), op.operands[0].type.shape[k])]
 
 
+def top_k_rule(op: Op) -> list[TMREntry]:
+    # `chlo.top_k` over the last dimension (no Shardy rule for CHLO): the others pass through;
+    # the last is reduced by top_k itself, per tile and again over the tiles' candidates.
+    shape = op.operands[0].type.shape
+    last = len(shape) - 1
+    entries = [TMREntry((d,), (d, d), size) for d, size in enumerate(shape[:last]) if size > 1]
+    if shape[last] > 1:
+        entries.append(TMREntry((last,), (Sum(OWN_REDUCER), Sum(OWN_REDUCER)), shape[last]))
+    return entries
+
+
 def dynamic_update_slice_rule(op: Op) -> list[TMREntry]:
     # Only dimensions the update covers entirely: the start index is then clamped to 0.
     operand, update = op.operands[0].type.shape, op.operands[1].type.shape
@@ -95,6 +107,7 @@ def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     # partir_plugin.markers.interleave: likewise; the lowering moves chunks where dim 0 is tiled.
     registry.register("partir.interleave", identity_rule)
     registry.register("stablehlo.gather", gather_rule)
+    registry.register("chlo.top_k", top_k_rule)
     # A max-pool's gradient (pad, select_and_scatter, slice; fused by the importer): batch and
     # channels pass through, a spatial dimension exchanges halos like the pool.
     registry.register(PADDED_SCATTER_OP, padded_scatter_entries)

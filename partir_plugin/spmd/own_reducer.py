@@ -1,0 +1,112 @@
+"""Combining partial results with the op's own reducer (`core/tmr.OWN_REDUCER`).
+
+Some ops reduce a tiled dimension with something no all_reduce computes: a reduce of several
+operands (argmax and argmin: a value and its index) and `chlo.top_k` (the k largest and their
+indices). Each device runs the op on its tile; the partials, as small as the result, are
+all-gathered over the tiling axes and the op's reduction is run again over them:
+- a variadic reduce: the same reduce over the gathered partials' new leading dimension, with
+  the same reducer and init values (jax's inits are the reducer's identity);
+- top_k: the local candidates' indices made global (the tile's start added; a padded
+  position gets the largest index, so it loses every tie), the candidates of all tiles sorted
+  by index, and top_k again over them: it breaks ties by position, so by global index, as
+  top_k on the whole dimension does; the winners' indices are picked out of the candidates.
+Every element of the global top k is among the top k of its own tile, so this is exact.
+"""
+
+from __future__ import annotations
+
+from ..core.padding import tile_bounds
+from ..ir.attributes import i64_array, parse_scalar
+from ..ir.graph import Block, Op, Region, Value, clone_region
+from ..ir.types import TensorType
+from .masking import identity_literal
+
+TOP_K = "chlo.top_k"
+
+
+def own_identity(em, op: Op, operands: list[Value], i: int) -> Value:
+    """What padding in operand i becomes: the reduce's init value, or -inf for top_k."""
+    if op.name == TOP_K:
+        element = operands[i].type.element
+        return em.literal(identity_literal("max", element), element)
+    return operands[len(op.operands) // 2 + i]
+
+
+def local_operands(em, op: Op, operands: list[Value]) -> list[Value]:
+    """The operands the op runs on per tile: top_k needs at least k elements, so a tile
+    shorter than k is padded with -inf (positions past its valid rows)."""
+    if op.name != TOP_K:
+        return operands
+    x, k = operands[0], parse_scalar(op.attributes["k"])
+    last = x.type.rank - 1
+    if x.type.shape[last] >= k:
+        return operands
+    lo, hi = [0] * x.type.rank, [0] * x.type.rank
+    hi[last] = k - x.type.shape[last]
+    shape = (*x.type.shape[:last], k)
+    return [em.emit("stablehlo.pad", [x, own_identity(em, op, operands, 0)],
+                    [x.type.with_shape(shape)],
+                    {"edge_padding_low": i64_array(lo), "edge_padding_high": i64_array(hi),
+                     "interior_padding": i64_array([0] * x.type.rank)}).results[0]]
+
+
+def combine_partials(em, op: Op, partials: list[Value], operands: list[Value],
+                     axes: tuple[str, ...]) -> list[Value]:
+    """The op's results from this device's partials, combined over `axes`."""
+    if op.name == TOP_K:
+        return _combine_top_k(em, op, partials, axes)
+    stacked = []
+    for x in partials:
+        one = em.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
+                      ).results[0]
+        stacked.append(em.all_gather(one, 0, axes))
+    inits = operands[len(op.operands) // 2:]
+    return em.emit("stablehlo.reduce", [*stacked, *inits], [x.type for x in partials],
+                   {"dimensions": i64_array([0])}, [clone_region(op.regions[0], {})]
+                   ).results
+
+
+def _combine_top_k(em, op: Op, partials: list[Value], axes: tuple[str, ...]) -> list[Value]:
+    values, local = partials
+    n = op.operands[0].type.shape[-1]
+    last = values.type.rank - 1
+    sizes = [em.mesh.axis_size(a) for a in axes]
+    bounds = [tile_bounds(n, sizes, [em.mesh.coord(r, a) for a in axes])
+              for r in range(em.mesh.size)]
+    start = em.broadcast(em.per_device([s for s, _ in bounds]), local.type)
+    valid = em.broadcast(em.per_device([v for _, v in bounds]), local.type)
+    found = em.emit("stablehlo.add", [local, start], [local.type]).results[0]
+    index = em.where(em.compare(local, valid, "LT"), found, em.scalar(2 ** 31 - 1, "i32"))
+    values = em.all_gather(values, last, axes)
+    index = em.all_gather(index, last, axes)
+    index, values = em.emit("stablehlo.sort", [index, values], [index.type, values.type],
+                            {"dimension": f"{last} : i64", "is_stable": "true"},
+                            [_ascending(index.type.element, values.type.element)]).results
+    best, where = em.emit(TOP_K, [values], [r.type for r in op.results],
+                          dict(op.attributes)).results
+    # The winners' global indices: index[where], as a one-hot sum over the candidates.
+    candidates = index.type.shape[-1]
+    grid = TensorType((*where.type.shape, candidates), "i32")
+    batch = list(range(last))
+    position = em.emit("stablehlo.iota", [], [grid],
+                       {"iota_dimension": f"{last + 1} : i64"}).results[0]
+    chosen = em.compare(position, em.broadcast(where, grid, [*batch, last]), "EQ")
+    picked = em.where(chosen, em.broadcast(index, grid, [*batch, last + 1]),
+                      em.scalar(0, "i32"))
+    zero = em.scalar(0, "i32")
+    winners = em.emit("stablehlo.reduce", [picked, zero], [where.type],
+                      {"dimensions": i64_array([last + 1])}, [em.reducer("add", "i32")]
+                      ).results[0]
+    return [best, winners]
+
+
+def _ascending(key: str, other: str) -> Region:
+    """A sort comparator on the first operand (signed less-than)."""
+    b = Block()
+    a, c = b.add_arg(TensorType((), key)), b.add_arg(TensorType((), key))
+    b.add_arg(TensorType((), other))
+    b.add_arg(TensorType((), other))
+    less = Op("stablehlo.compare", [a, c], [TensorType((), "i1")],
+              {"comparison_direction": "#stablehlo<comparison_direction LT>"})
+    b.ops += [less, Op("stablehlo.return", [less.results[0]], [])]
+    return Region([b])
