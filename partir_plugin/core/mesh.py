@@ -17,6 +17,13 @@ class Mesh:
 
     axes: tuple[tuple[str, int], ...]
 
+    def __post_init__(self) -> None:
+        # Propagation asks for axis sizes and names tens of thousands of times per schedule:
+        # plain lookups, not a cached function of the (hashed) mesh. Not fields: equality
+        # and hashing stay those of `axes`.
+        object.__setattr__(self, "_names", tuple(n for n, _ in self.axes))
+        object.__setattr__(self, "_sizes", dict(self.axes))
+
     @classmethod
     def of(cls, mesh) -> Mesh:
         """Build from a `jax.sharding.Mesh`, a dict `{"batch": 4, "model": 2}` or a Mesh."""
@@ -30,7 +37,7 @@ class Mesh:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.axes)
+        return self._names
 
     @property
     def shape(self) -> dict[str, int]:
@@ -45,7 +52,8 @@ class Mesh:
 
     def axis_size(self, axis: str) -> int:
         """The size of a mesh axis or of a sub-axis (`model:(1)4`, `core/subaxis.py`)."""
-        return self.sub_axis(axis).size
+        size = self._sizes.get(axis)
+        return size if size is not None else self.sub_axis(axis).size
 
     def _parent_size(self, axis: str) -> int:
         for n, s in self.axes:
