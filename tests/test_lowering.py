@@ -95,3 +95,24 @@ def test_max_and_min_across_devices_propagate_nan_like_the_unpartitioned_program
         numbers = ~np.isnan(want)  # a NaN's sign means nothing
         assert np.array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))  # -0.0
     assert meta.tactics[-1].collectives["all_reduce"] == 2
+
+
+@pytest.mark.parametrize("scatter_sums", [False, True])
+def test_max_reduce_scattered_propagates_nan(scatter_sums):
+    """A max whose consumer tiles it is reduce-scattered (`scatter_sums`, as on GPU) or
+    all-reduced and sliced: both run on the order-preserving integers, so NaN survives."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import partir_plugin as partir
+
+    x = np.random.default_rng(0).normal(size=(16, 32)).astype(np.float32)
+    x[3, 5] = np.nan
+    y = np.random.default_rng(1).normal(size=(32,)).astype(np.float32)
+    fn = lambda x, y: jnp.max(x, axis=0) * y  # noqa: E731
+    f, meta = partir.jit(fn, {"m": 8}, [partir.ManualPartition({"x": 0, "y": 0}, axis="m")],
+                         scatter_sums=scatter_sums)
+    np.testing.assert_array_equal(np.asarray(f(x, y)), np.asarray(jax.jit(fn)(x, y)))
+    kind = "reduce_scatter" if scatter_sums else "all_reduce"
+    assert meta.tactics[-1].collectives[kind] == 1

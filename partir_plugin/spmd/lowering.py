@@ -197,38 +197,41 @@ class _Emitter:
 
     def all_reduce(self, x: Value, axes, kind: str) -> Value:
         if kind in ("max", "min") and x.type.element in _ORDERED_INT:
-            return self._all_reduce_ordered(x, axes, kind)
+            return self._ordered(x, kind, lambda key: self.all_reduce(key, axes, kind))
         op = self.emit("stablehlo.all_reduce", [x], [x.type],
                        _grouped(self.mesh.groups(tuple(axes))),
                        [self.reducer(kind, x.type.element)])
         return mark(op, "all_reduce", axes).results[0]
 
-    def _all_reduce_ordered(self, x: Value, axes, kind: str) -> Value:
-        """A max or min all-reduce of floats, done on integers that order like them. XLA's
-        float max/min all-reduce drops NaN (on CPU `max(0, nan)` gives 0 across devices,
-        where a `maximum` op and the unpartitioned program give NaN). The float's bits
-        with the non-sign bits of negatives flipped order as the floats do, so an integer
-        max/min is exact, and NaN becomes the extreme that wins (NaN propagates, as in
-        `stablehlo.maximum`). Elementwise work on each side; the collective is the same."""
+    def _ordered(self, x: Value, kind: str, reduce) -> Value:
+        """A max or min collective (`reduce`) of floats, run on integers that order like
+        them. XLA's float max/min all-reduce drops NaN (on CPU `max(0, nan)` gives 0 across
+        devices, where a `maximum` op and the unpartitioned program give NaN). The float's
+        bits with the non-sign bits of negatives flipped order as the floats do, so an
+        integer max/min is exact, and NaN becomes the extreme that wins (NaN propagates, as
+        in `stablehlo.maximum`). Elementwise work on each side; the collective is the same."""
         bits_t = TensorType(x.type.shape, _ORDERED_INT[x.type.element])
         width = int(bits_t.element[1:])
-        flip = self.splat(2 ** (width - 1) - 1, bits_t)
-        zero = self.splat(0, bits_t)
 
         def ordered(bits: Value) -> Value:  # its own inverse
-            flipped = self.emit("stablehlo.xor", [bits, flip], [bits_t]).results[0]
-            return self.emit("stablehlo.select", [self.compare(bits, zero, "LT"), flipped, bits],
-                             [bits_t]).results[0]
+            flip = self.splat(2 ** (width - 1) - 1, bits.type)
+            flipped = self.emit("stablehlo.xor", [bits, flip], [bits.type]).results[0]
+            negative = self.compare(bits, self.splat(0, bits.type), "LT")
+            return self.emit("stablehlo.select", [negative, flipped, bits],
+                             [bits.type]).results[0]
 
         key = ordered(self.emit("stablehlo.bitcast_convert", [x], [bits_t]).results[0])
         extreme = 2 ** (width - 1) - 1 if kind == "max" else -2 ** (width - 1)
         key = self.emit("stablehlo.select", [self.compare(x, x, "NE"),
                                              self.splat(extreme, bits_t), key],
                         [bits_t]).results[0]
-        reduced = self.all_reduce(key, axes, kind)
-        return self.emit("stablehlo.bitcast_convert", [ordered(reduced)], [x.type]).results[0]
+        reduced = reduce(key)
+        back = TensorType(reduced.type.shape, x.type.element)
+        return self.emit("stablehlo.bitcast_convert", [ordered(reduced)], [back]).results[0]
 
     def reduce_scatter(self, x: Value, dim: int, axes, kind: str) -> Value:
+        if kind in ("max", "min") and x.type.element in _ORDERED_INT:
+            return self._ordered(x, kind, lambda key: self.reduce_scatter(key, dim, axes, kind))
         shape = list(x.type.shape)
         shape[dim] //= self.mesh.product(axes)
         op = self.emit("stablehlo.reduce_scatter", [x], [x.type.with_shape(tuple(shape))],
