@@ -116,6 +116,41 @@ def test_max_pool_gradient_window_wider_than_a_tile_warns_and_gathers():
                                      r"neighbour holds")
 
 
+def _causal_conv(img, ker):
+    """A causal 1-D convolution written as PyTorch code writes it: pad, then VALID."""
+    padded = jnp.pad(img, ((0, 0), (ker.shape[0] - 1, 0), (0, 0)))
+    y = jax.lax.conv_general_dilated(padded, ker, (1,), "VALID",
+                                     dimension_numbers=("NWC", "WIO", "NWC"))
+    return (y ** 2).sum()
+
+
+def _padded_strided_conv(img, ker):
+    padded = jnp.pad(img, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    y = jax.lax.conv_general_dilated(padded, ker, (2, 2), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return (jnp.tanh(y) ** 2).sum()
+
+
+@pytest.mark.parametrize("loss,img_shape,ker_shape", [
+    (_causal_conv, (2, 32, 4), (3, 4, 8)), (_padded_strided_conv, (2, 32, 16, 3), (4, 4, 3, 8))],
+    ids=["causal-1d", "pad-then-stride2-2d"])
+def test_explicit_pad_before_a_convolution_folds_into_its_padding(loss, img_shape, ker_shape):
+    """`conv(jnp.pad(x), VALID)`: the importer folds the pad into the convolution's padding
+    (forward and weight gradient) and the gradient's crop (a negative pad) into the input
+    gradient's, so the tiled dimension exchanges halos: no pad left, no all_gather, no
+    warning, jax.jit's numbers."""
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    img = jax.random.normal(jax.random.PRNGKey(0), img_shape)
+    ker = jax.random.normal(jax.random.PRNGKey(1), ker_shape)
+    func = import_lowered(jax.jit(step).lower(img, ker))
+    assert not [op for op in walk(func.ops) if op.name == "stablehlo.pad"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HaloWarning)
+        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
+
+
 def test_pad_of_a_tiled_dimension_warns_and_gathers():
     """A pad alone (not a max-pool's gradient) shifts every tile: no halo rule, so the
     dimension is gathered with a warning naming pad and why."""

@@ -143,6 +143,26 @@ def clone_region(region: Region, env: dict[Value, Value]) -> Region:
     return out
 
 
+def blocks(block: Block):
+    """`block` and, recursively, every block of its ops' regions."""
+    yield block
+    for op in block.ops:
+        for region in op.regions:
+            for b in region.blocks:
+                yield from blocks(b)
+
+
+def use_counts(func: Func) -> dict[Value, int]:
+    """How many times each value is read (by any op, regions included, or returned)."""
+    uses: dict[Value, int] = {}
+    for op in walk(func.ops):
+        for v in op.inputs:
+            uses[v] = uses.get(v, 0) + 1
+    for v in func.returns:
+        uses[v] = uses.get(v, 0) + 1
+    return uses
+
+
 TERMINATORS = frozenset({"stablehlo.return", "func.return"})
 PARTITIONED_REGIONS = frozenset({"stablehlo.while", "stablehlo.case"})  # bodies partitioned
 

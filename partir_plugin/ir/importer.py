@@ -12,6 +12,7 @@ import re
 
 from jaxlib.mlir import ir, passmanager
 
+from .conv_padding import fold_conv_padding
 from .graph import Block, Func, Op, Region, Value, gc_paused, walk
 from .locations import location_name
 from .padded_scatter import fuse_padded_scatters
@@ -57,7 +58,9 @@ class _Importer:
 
         self.tags: dict[str, list[Value]] = {}  # a name may tag several values
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
-        self.scatters = False  # a select_and_scatter was imported (a max-pool's gradient)
+        # Seen while importing, to run the rewrites that need them (each walks the program).
+        self.scatters = False  # a select_and_scatter (a max-pool's gradient)
+        self.pads = self.convolutions = False
 
     def _type(self, t: ir.Type) -> TensorType:
         tt = self.types.get(t)
@@ -77,6 +80,8 @@ class _Importer:
         func = Func(name=name, body=body, returns=returns, tags=tags)
         if self.scatters:
             fuse_padded_scatters(func)
+        if self.pads and self.convolutions:
+            fold_conv_padding(func)
         return func
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
@@ -145,6 +150,8 @@ class _Importer:
                 regions.append(region)
             results = op.results
             self.scatters |= name == "stablehlo.select_and_scatter"
+            self.pads |= name == "stablehlo.pad"
+            self.convolutions |= name == "stablehlo.convolution"
             new = Op(name, [env[v] for v in op.operands],
                      [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule

@@ -20,7 +20,7 @@ selected there, while jax's pad rows (-inf) win ties with real -inf values.
 from __future__ import annotations
 
 from .attributes import parse_i64_array, parse_padding
-from .graph import Block, Func, Op, Value, walk
+from .graph import Func, Op, Value, blocks, use_counts
 
 PADDED_SCATTER_OP = "partir.padded_select_and_scatter"
 # The attributes the fused op keeps: the window's, and the pad's edges.
@@ -32,14 +32,9 @@ def fuse_padded_scatters(func: Func) -> int:
     """Fuse every `slice(select_and_scatter(pad(x, v), g, init))` trio of `func` (regions
     included) into one padded select_and_scatter; the number fused. (The importer calls it
     only for programs that hold a select_and_scatter: it walks the program.)"""
-    uses: dict[Value, int] = {}
-    for op in walk(func.ops):
-        for v in op.inputs:
-            uses[v] = uses.get(v, 0) + 1
-    for v in func.returns:
-        uses[v] = uses.get(v, 0) + 1
+    uses = use_counts(func)
     fused = 0
-    for block in _blocks(func.body):
+    for block in blocks(func.body):
         gone: set[Op] = set()
         for i, op in enumerate(block.ops):
             trio = _trio(op, uses)
@@ -51,14 +46,6 @@ def fuse_padded_scatters(func: Func) -> int:
         if gone:
             block.ops = [op for op in block.ops if op not in gone]
     return fused
-
-
-def _blocks(block: Block):
-    yield block
-    for op in block.ops:
-        for region in op.regions:
-            for b in region.blocks:
-                yield from _blocks(b)
 
 
 def _trio(op: Op, uses: dict[Value, int]) -> tuple[Op, Op] | None:

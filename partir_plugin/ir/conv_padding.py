@@ -1,0 +1,131 @@
+"""Pads folded into a convolution's own padding (as XLA's algebraic simplifier folds them).
+
+Code written as `conv(jnp.pad(x), VALID)` (a causal convolution, PyTorch's `F.pad`) pads the
+image with zeros before a convolution that pads nothing; its gradient crops the input
+gradient with a negative pad. A pad shifts every tile of a tiled dimension, so either would
+gather a spatially tiled image, where the same convolution written with `padding=` exchanges
+halos (core/windows.py). Both fold exactly:
+- `conv(pad(x, 0))`: the pad's edges on the image's spatial dimensions become the
+  convolution's padding (zeros either way), for every convolution reading the pad (the
+  forward pass and the weight gradient); the pad goes when nothing else reads it;
+- `pad(conv(...), low, high)` with non-positive edges on the output's spatial dimensions (a
+  crop): output row o' is row o' + |low| of the convolution, whose window starts |low|·stride
+  rows later, so the convolution's padding shrinks by |low|·stride and |high|·stride.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .attributes import format_padding, parse_i64_array, parse_padding
+from .graph import Func, Op, Value, blocks, use_counts
+
+CONV = "stablehlo.convolution"
+PAD = "stablehlo.pad"
+
+
+def fold_conv_padding(func: Func) -> int:
+    """Fold the pads around `func`'s convolutions (regions included); the number folded."""
+    uses = use_counts(func)
+    folded = 0
+    for block in blocks(func.body):
+        gone: set[Op] = set()
+        for op in block.ops:
+            if op.name == CONV and _fold_input_pad(op, uses):
+                folded += 1
+            elif op.name == PAD and _fold_crop(op, uses):
+                gone.add(op)
+                folded += 1
+        for op in block.ops:
+            if op.name == PAD and uses.get(op.results[0], 0) == 0 and op not in gone:
+                gone.add(op)  # a pad every convolution reading it folded
+                for v in op.operands:
+                    uses[v] -= 1
+        if gone:
+            block.ops = [op for op in block.ops if op not in gone]
+    return folded
+
+
+def _dims(conv: Op) -> tuple[list[str], list[str]] | None:
+    """The lhs and output layouts of `conv` (`b`, `f`, or a spatial index per dimension)."""
+    m = re.search(r"\[([^\]]*)\]x\[[^\]]*\]->\[([^\]]*)\]",
+                  conv.attributes.get("dimension_numbers", ""))
+    if not m:
+        return None
+    return [c.strip() for c in m.group(1).split(",")], [c.strip() for c in m.group(2).split(",")]
+
+
+def _edges(pad: Op) -> tuple[list[int], list[int]] | None:
+    rank = pad.operands[0].type.rank
+    low, high, interior = (parse_i64_array(pad.attributes.get(k, "")) or [0] * rank
+                           for k in ("edge_padding_low", "edge_padding_high",
+                                     "interior_padding"))
+    return None if any(interior) else (low, high)
+
+
+def _fold_input_pad(conv: Op, uses: dict[Value, int]) -> bool:
+    pad = conv.operands[0].producer
+    layouts = _dims(conv)
+    if pad is None or pad.name != PAD or layouts is None or not _is_zero(pad.operands[1]):
+        return False
+    edges = _edges(pad)
+    if edges is None:
+        return False
+    lhs, _ = layouts
+    spatial = [c for c in lhs if c.isdigit()]
+    dilation = parse_i64_array(conv.attributes.get("lhs_dilation", "")) or [1] * len(spatial)
+    pads = parse_padding(conv.attributes.get("padding", ""), len(spatial))
+    for d, c in enumerate(lhs):
+        lo, hi = edges[0][d], edges[1][d]
+        if (lo, hi) == (0, 0):
+            continue
+        if not c.isdigit() or lo < 0 or hi < 0 or dilation[int(c)] != 1:
+            return False
+        pads[int(c)] = [pads[int(c)][0] + lo, pads[int(c)][1] + hi]
+    conv.attributes["padding"] = format_padding(pads)
+    uses[conv.operands[0]] -= 1
+    conv.operands[0] = pad.operands[0]
+    uses[pad.operands[0]] = uses.get(pad.operands[0], 0) + 1
+    return True
+
+
+def _fold_crop(pad: Op, uses: dict[Value, int]) -> bool:
+    conv = pad.operands[0].producer
+    if conv is None or conv.name != CONV or uses.get(pad.operands[0]) != 1:
+        return False
+    layouts, edges = _dims(conv), _edges(pad)
+    if layouts is None or edges is None:
+        return False
+    _, out = layouts
+    spatial = [c for c in out if c.isdigit()]
+    strides = parse_i64_array(conv.attributes.get("window_strides", "")) or [1] * len(spatial)
+    pads = parse_padding(conv.attributes.get("padding", ""), len(spatial))
+    for d, c in enumerate(out):
+        lo, hi = edges[0][d], edges[1][d]
+        if (lo, hi) == (0, 0):
+            continue
+        if not c.isdigit() or lo > 0 or hi > 0:
+            return False
+        s = int(c)
+        pads[s] = [pads[s][0] + lo * strides[s], pads[s][1] + hi * strides[s]]
+    conv.attributes["padding"] = format_padding(pads)
+    result = pad.results[0]
+    result.owner, result.index = conv, 0
+    conv.results = [result]
+    uses[pad.operands[1]] -= 1
+    return True
+
+
+def _is_zero(v: Value) -> bool:
+    """Is `v` a zero constant (possibly converted or broadcast from one)?"""
+    op = v.producer
+    while op is not None and op.name in ("stablehlo.convert", "stablehlo.broadcast_in_dim"):
+        op = op.operands[0].producer
+    if op is None or op.name != "stablehlo.constant":
+        return False
+    m = re.match(r"dense<([^>]*)>", op.attributes.get("value", ""))
+    try:
+        return m is not None and float(m.group(1)) == 0.0 and not m.group(1).startswith("-")
+    except ValueError:
+        return False
+
