@@ -95,12 +95,12 @@ def apply_op(spec: tuple, get):
         _, x, dim, start, stride = spec
         v = get(x)
         return lax.slice_in_dim(v, start, v.shape[dim], stride, dim)
-    if op == "pad":
-        _, x, dim = spec
+    if op == "pad":  # a zero pad before a convolution folds into its padding (and the crop)
+        _, x, dim, value = spec
         v = get(x)
         cfg = [(0, 0, 0)] * v.ndim
         cfg[dim] = (v.shape[dim] // 2, v.shape[dim] // 2, 0)
-        return lax.pad(v, np.float32(0.25), cfg)
+        return lax.pad(v, np.float32(value), cfg)
     if op == "concatenate":
         _, x, y, dim = spec
         return lax.concatenate([get(x), get(y)], dim)
@@ -267,7 +267,8 @@ def recipes(draw) -> Recipe:
                 start, stride = draw(st.sampled_from([(xs[dim] // 2, 1), (0, 2), (1, 2)]))
                 spec, out[dim] = ("slice", x, dim, start, stride), xs[dim] // 2
             elif kind == "pad":
-                spec, out[dim] = ("pad", x, dim), xs[dim] * 2
+                value = draw(st.sampled_from([0.0, 0.25]))
+                spec, out[dim] = ("pad", x, dim, value), xs[dim] * 2
             elif kind == "concatenate":
                 spec, out[dim] = ("concatenate", x, operand_like(xs), dim), xs[dim] * 2
             else:

@@ -79,6 +79,10 @@ class PartitionState:
                           for k, a in enumerate(op.regions[1].blocks[0].args)}
         self._reported: set[tuple[Op, str]] = set()
         self._sub_axes: list[str] = []
+        # Has any tiling padded a dimension? Most programs pad nothing, and the report asks
+        # every value for its padded dimensions.
+        self.pads_any = any(self._pads(v, d) for v, tiles in self.tiling.items()
+                            for _, d in tiles)
 
     def copy(self) -> PartitionState:
         """An independent copy for trying actions (searchers): the decision containers and their
@@ -155,8 +159,13 @@ class PartitionState:
         """How many tiles `dim` of `v` is cut into (the product of its axes' sizes)."""
         return self.mesh.product(self.axes_on(v, dim))
 
+    def _pads(self, v: Value, dim: int) -> bool:
+        return v.type.shape[dim] % self.mesh.product(self.axes_on(v, dim)) != 0
+
     def padded_dims(self, v: Value) -> dict[int, PaddedDim]:
         """The dimensions of `v` its tiling pads, by dimension."""
+        if not self.pads_any:
+            return {}
         out = {}
         for d in sorted({d for _, d in self.tiles_of(v)}):
             axes = self.axes_on(v, d)
@@ -247,6 +256,7 @@ class PartitionState:
                 tiles.append((axis, dim))
                 if is_sub_axis(axis):
                     self._fold(tiles, dim)
+                self.pads_any = self.pads_any or self._pads(member, dim)
                 changed.append(member)
         return changed
 
