@@ -68,20 +68,13 @@ def _fold_input_pad(conv: Op, uses: dict[Value, int]) -> bool:
     layouts = _dims(conv)
     if pad is None or pad.name != PAD or layouts is None or not _is_zero(pad.operands[1]):
         return False
-    edges = _edges(pad)
-    if edges is None:
-        return False
     lhs, _ = layouts
-    spatial = [c for c in lhs if c.isdigit()]
-    dilation = parse_i64_array(conv.attributes.get("lhs_dilation", "")) or [1] * len(spatial)
-    pads = parse_padding(conv.attributes.get("padding", ""), len(spatial))
-    for d, c in enumerate(lhs):
-        lo, hi = edges[0][d], edges[1][d]
-        if (lo, hi) == (0, 0):
-            continue
-        if not c.isdigit() or lo < 0 or hi < 0 or dilation[int(c)] != 1:
-            return False
-        pads[int(c)] = [pads[int(c)][0] + lo, pads[int(c)][1] + hi]
+    rank = sum(c.isdigit() for c in lhs)
+    # Zeros before the image, only where the image has no holes (lhs dilation 1).
+    dilation = parse_i64_array(conv.attributes.get("lhs_dilation", "")) or [1] * rank
+    pads = _moved(conv, lhs, _edges(pad), [int(k == 1) for k in dilation], sign=1)
+    if pads is None:
+        return False
     conv.attributes["padding"] = format_padding(pads)
     uses[conv.operands[0]] -= 1
     conv.operands[0] = pad.operands[0]
@@ -91,29 +84,40 @@ def _fold_input_pad(conv: Op, uses: dict[Value, int]) -> bool:
 
 def _fold_crop(pad: Op, uses: dict[Value, int]) -> bool:
     conv = pad.operands[0].producer
-    if conv is None or conv.name != CONV or uses.get(pad.operands[0]) != 1:
-        return False
-    layouts, edges = _dims(conv), _edges(pad)
-    if layouts is None or edges is None:
+    layouts = _dims(conv) if conv is not None and conv.name == CONV else None
+    if layouts is None or uses.get(pad.operands[0]) != 1:
         return False
     _, out = layouts
-    spatial = [c for c in out if c.isdigit()]
-    strides = parse_i64_array(conv.attributes.get("window_strides", "")) or [1] * len(spatial)
-    pads = parse_padding(conv.attributes.get("padding", ""), len(spatial))
-    for d, c in enumerate(out):
-        lo, hi = edges[0][d], edges[1][d]
-        if (lo, hi) == (0, 0):
-            continue
-        if not c.isdigit() or lo > 0 or hi > 0:
-            return False
-        s = int(c)
-        pads[s] = [pads[s][0] + lo * strides[s], pads[s][1] + hi * strides[s]]
+    rank = sum(c.isdigit() for c in out)
+    strides = parse_i64_array(conv.attributes.get("window_strides", "")) or [1] * rank
+    pads = _moved(conv, out, _edges(pad), strides, sign=-1)
+    if pads is None:
+        return False
     conv.attributes["padding"] = format_padding(pads)
     result = pad.results[0]
     result.owner, result.index = conv, 0
     conv.results = [result]
     uses[pad.operands[1]] -= 1
     return True
+
+
+def _moved(conv: Op, layout: list[str], edges, scale: list[int], sign: int
+           ) -> list[list[int]] | None:
+    """The convolution's padding plus a pad's `edges` on the spatial dimensions of `layout`
+    (its lhs or output), spatial dimension s scaled by `scale[s]`; None where an edge is on
+    another dimension, has the other sign than `sign`, or has scale 0."""
+    if edges is None:
+        return None
+    pads = parse_padding(conv.attributes.get("padding", ""), len(scale))
+    for d, c in enumerate(layout):
+        lo, hi = edges[0][d], edges[1][d]
+        if (lo, hi) == (0, 0):
+            continue
+        if not c.isdigit() or lo * sign < 0 or hi * sign < 0 or scale[int(c)] == 0:
+            return None
+        s = int(c)
+        pads[s] = [pads[s][0] + lo * scale[s], pads[s][1] + hi * scale[s]]
+    return pads
 
 
 def _is_zero(v: Value) -> bool:
