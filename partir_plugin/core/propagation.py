@@ -172,9 +172,13 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
         ops = partitionable_ops(state.func.ops)
     else:
         ops = [n for v in seeds for n in _neighbours(state, v)]
-    queue = [(position[op], rank(axis), op, axis) for op in ops for axis in axes]
+    # A pair whose op already loops over the axis (or a part of it) is never queued: its
+    # step would do nothing, and loops are only ever added (two thirds of the pairs a
+    # schedule wakes on the decoder and the MoE).
+    in_loop = state.in_loop
+    queued = {(op, axis) for op in ops for axis in axes if not in_loop(op, axis)}
+    queue = [(position[op], rank(axis), op, axis) for op, axis in queued]
     heapq.heapify(queue)
-    queued = {(op, axis) for _, _, op, axis in queue}
     while queue:
         _, _, op, axis = heapq.heappop(queue)
         queued.discard((op, axis))
@@ -186,7 +190,8 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
             woken = {axis, *(a for a, _ in state.tiles_of(v) if mesh.overlaps(a, axis))}
             for n in _neighbours(state, v):
                 for a in axes:
-                    if (a in woken or state.stopped_at(n, a)) and (n, a) not in queued:
+                    if ((a in woken or state.stopped_at(n, a)) and (n, a) not in queued
+                            and not in_loop(n, a)):
                         queued.add((n, a))
                         heapq.heappush(queue, (position[n], rank(a), n, a))
 
