@@ -198,7 +198,6 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
 
 def _neighbours(state: PartitionState, v: Value) -> list[Op]:
     ops = [u for u, _ in state.users.get(v, ()) if u is not None]
-    producer = v.owner  # a block argument's owner is its block
-    if isinstance(producer, Op):
-        ops.append(producer)
+    if v.producer is not None:
+        ops.append(v.producer)
     return ops

@@ -17,17 +17,17 @@ from .types import TensorType
 class Value:
     """An SSA value: an op result or a block argument."""
 
-    __slots__ = ("type", "owner", "index", "tag")
+    __slots__ = ("type", "owner", "index", "tag", "producer")
 
     def __init__(self, type: TensorType, owner: Op | Block, index: int):
         self.type = type
         self.owner = owner
         self.index = index
         self.tag: str | None = None  # the `partir_plugin.tag` name of a tag op's result
-
-    @property
-    def producer(self) -> Op | None:
-        return self.owner if isinstance(self.owner, Op) else None
+        # The op defining it (None for a block argument): a plain slot, not a property, as
+        # propagation, the simulator and the records ask it hundreds of thousands of times
+        # per schedule (an owner never changes).
+        self.producer: Op | None = owner if isinstance(owner, Op) else None
 
     def __repr__(self) -> str:
         where = self.owner.name if isinstance(self.owner, Op) else "arg"
