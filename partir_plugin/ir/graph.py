@@ -17,16 +17,24 @@ from .types import TensorType
 class Value:
     """An SSA value: an op result or a block argument."""
 
-    __slots__ = ("type", "owner", "index", "tag", "producer")
+    __slots__ = ("type", "_owner", "index", "tag", "producer")
 
     def __init__(self, type: TensorType, owner: Op | Block, index: int):
         self.type = type
         self.owner = owner
         self.index = index
         self.tag: str | None = None  # the `partir_plugin.tag` name of a tag op's result
-        # The op defining it (None for a block argument): a plain slot, not a property, as
-        # propagation, the simulator and the records ask it hundreds of thousands of times
-        # per schedule (an owner never changes).
+
+    @property
+    def owner(self) -> Op | Block:
+        return self._owner
+
+    @owner.setter
+    def owner(self, owner: Op | Block) -> None:
+        # `producer`, the op defining the value (None for a block argument), is a plain slot
+        # kept with the owner (rewrites that fuse ops move a result to the new op): propagation,
+        # the simulator and the records read it hundreds of thousands of times per schedule.
+        self._owner = owner
         self.producer: Op | None = owner if isinstance(owner, Op) else None
 
     def __repr__(self) -> str:
