@@ -172,9 +172,13 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
         ops = partitionable_ops(state.func.ops)
     else:
         ops = [n for v in seeds for n in _neighbours(state, v)]
-    queue = [(position[op], rank(axis), op, axis) for op in ops for axis in axes]
+    # A pair whose op already loops over the axis (or a part of it) is never queued: its
+    # step would do nothing, and loops are only ever added (two thirds of the pairs a
+    # schedule wakes on the decoder and the MoE).
+    in_loop, stopped_at, overlaps = state.in_loop, state.stopped_at, mesh.overlaps
+    queued = {(op, axis) for op in ops for axis in axes if not in_loop(op, axis)}
+    queue = [(position[op], rank(axis), op, axis) for op, axis in queued]
     heapq.heapify(queue)
-    queued = {(op, axis) for _, _, op, axis in queue}
     while queue:
         _, _, op, axis = heapq.heappop(queue)
         queued.discard((op, axis))
@@ -183,16 +187,17 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
             axes = [*mesh.names, *state.sub_axes()]  # a split made new sub-axes
         for v in changed:
             # The axis, or the parts of it a split tiled `v` on (or the axis they fold to).
-            woken = {axis, *(a for a, _ in state.tiles_of(v) if mesh.overlaps(a, axis))}
+            woken = {axis, *(a for a, _ in state.tiling.get(v, ()) if overlaps(a, axis))}
             for n in _neighbours(state, v):
                 for a in axes:
-                    if (a in woken or state.stopped_at(n, a)) and (n, a) not in queued:
+                    if ((a in woken or stopped_at(n, a)) and (n, a) not in queued
+                            and not in_loop(n, a)):
                         queued.add((n, a))
                         heapq.heappush(queue, (position[n], rank(a), n, a))
 
 
 def _neighbours(state: PartitionState, v: Value) -> list[Op]:
-    ops = [u for u, _ in state.users.get(v, []) if u is not None]
+    ops = [u for u, _ in state.users.get(v, ()) if u is not None]
     if v.producer is not None:
         ops.append(v.producer)
     return ops

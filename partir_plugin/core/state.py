@@ -176,19 +176,34 @@ class PartitionState:
 
     def entry_pads(self, op: Op, axis: str, entry: TMREntry) -> bool:
         """Would looping `op` over `axis` with `entry` leave a dimension it tiles padded (or
-        split a factor unevenly)?"""
-        def pads(n: int, axes: list[str]) -> bool:
-            return (is_padded(n, [self.mesh.axis_size(a) for a in axes])
-                    or entry.factor_size % self.mesh.product(axes) != 0)
+        split a factor unevenly)?
 
+        Propagation asks this of every entry it tries, so it is plain loops over products:
+        tiling `n` level by level over sizes pads somewhere exactly when their product does
+        not divide `n` (`padding.is_padded`)."""
+        size_of = self.mesh.axis_size
+        factor = entry.factor_size
         for v, d in zip(op.inputs, entry.operands):
-            if d is not None:
-                axes = list(self.axes_on(v, d))
-                if pads(v.type.shape[d], axes if axis in axes else [*axes, axis]):
-                    return True
+            if d is None:
+                continue
+            tiles, has_axis = 1, False
+            for a, e in self.tiling.get(v, ()):
+                if e == d:
+                    tiles *= size_of(a)
+                    has_axis = has_axis or a == axis
+            if not has_axis:
+                tiles *= size_of(axis)
+            if v.type.shape[d] % tiles or factor % tiles:
+                return True
+        nest = self.nests.get(op, ())
         for r, action in zip(op.results, entry.results):
-            if not isinstance(action, Sum) and pads(r.type.shape[action], [
-                    *(a for a, e in self.nest_of(op) if e.results[r.index] == action), axis]):
+            if isinstance(action, Sum):
+                continue
+            tiles = size_of(axis)
+            for a, e in nest:
+                if e.results[r.index] == action:
+                    tiles *= size_of(a)
+            if r.type.shape[action] % tiles or factor % tiles:
                 return True
         return False
 

@@ -17,7 +17,7 @@ from .types import TensorType
 class Value:
     """An SSA value: an op result or a block argument."""
 
-    __slots__ = ("type", "owner", "index", "tag")
+    __slots__ = ("type", "_owner", "index", "tag", "producer")
 
     def __init__(self, type: TensorType, owner: Op | Block, index: int):
         self.type = type
@@ -26,8 +26,16 @@ class Value:
         self.tag: str | None = None  # the `partir_plugin.tag` name of a tag op's result
 
     @property
-    def producer(self) -> Op | None:
-        return self.owner if isinstance(self.owner, Op) else None
+    def owner(self) -> Op | Block:
+        return self._owner
+
+    @owner.setter
+    def owner(self, owner: Op | Block) -> None:
+        # `producer`, the op defining the value (None for a block argument), is a plain slot
+        # kept with the owner (rewrites that fuse ops move a result to the new op): propagation,
+        # the simulator and the records read it hundreds of thousands of times per schedule.
+        self._owner = owner
+        self.producer: Op | None = owner if isinstance(owner, Op) else None
 
     def __repr__(self) -> str:
         where = self.owner.name if isinstance(self.owner, Op) else "arg"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -28,6 +29,13 @@ class TensorType:
     opaque: bool = False  # a token, tuple or other non-tensor type: `element` is its MLIR text
 
     def __str__(self) -> str:
+        return self._text
+
+    # A program shares few types among many values, and the printer, the simulator and the
+    # lowering ask each value's type for its text and sizes: computed once per type object
+    # (`cached_property` writes the instance's dict, which a frozen dataclass allows).
+    @cached_property
+    def _text(self) -> str:
         if self.opaque:
             return self.element
         dims = "".join(f"{d}x" for d in self.shape)
@@ -37,7 +45,7 @@ class TensorType:
     def rank(self) -> int:
         return len(self.shape)
 
-    @property
+    @cached_property
     def num_elements(self) -> int:
         n = 1
         for d in self.shape:
@@ -48,7 +56,7 @@ class TensorType:
     def itemsize(self) -> int:
         return _BYTES.get(self.element, 4)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.num_elements * self.itemsize
 

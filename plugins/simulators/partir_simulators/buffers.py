@@ -106,10 +106,16 @@ def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tu
     shape = root.results[0].type.shape
     inside = set(members)
     users: dict[Op, list[Op]] = {}
+    # The members reading each value, in member order (one pass, not a scan of every
+    # member's inputs per read value: kernels of a few hundred fused ops read many values).
+    readers: dict[Value, list[Op]] = {}
     for m in members:
         for v in m.inputs:
             if v.producer in inside:
                 users.setdefault(v.producer, []).append(m)
+            mine = readers.setdefault(v, [])
+            if not mine or mine[-1] is not m:
+                mine.append(m)
     ok: dict[Op, bool] = {}
 
     def elementwise_path(m: Op) -> bool:  # m's result reaches the root only elementwise
@@ -121,7 +127,7 @@ def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tu
         return ok[m]
 
     return tuple(v for v in reads if v.type.is_tensor and v.type.shape == shape and all(
-        elementwise_path(m) for m in members if v in m.inputs))
+        elementwise_path(m) for m in readers.get(v, ())))
 
 
 def share_output_allocations(buffers: list[list[int]], outputs: list[list[int]],
