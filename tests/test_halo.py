@@ -160,10 +160,10 @@ def test_pad_of_a_tiled_dimension_warns_and_gathers():
     _warns_and_gathers(step, (img,), r"stablehlo.pad at pad: dimension 1 .*no halo rule")
 
 
-def _warns_and_gathers(step, args, where: str) -> None:
+def _warns_and_gathers(step, args, where: str, **options) -> None:
     """A fallback: jax.jit's numbers, a HaloWarning matching `where`, and an all_gather."""
     with pytest.warns(HaloWarning, match=where):
-        meta = _check_against_jax_jit(step, args, TILE_H, MESH)
+        meta = _check_against_jax_jit(step, args, TILE_H, MESH, **options)
     assert meta.tactics[-1].collectives["all_gather"] > 0
 
 
@@ -248,14 +248,22 @@ GEOMETRIES = {
     "max-pool-base-dilated": (lambda x, w: jax.lax.reduce_window(
         x, -jnp.inf, jax.lax.max, (1, 3, 1, 1), (1, 1, 1, 1), ((0, 0), (1, 2), (0, 0), (0, 0)),
         base_dilation=(1, 2, 1, 1)) + w.sum(), (1,)),
+    # Padded tiles: 16 rows -> 14 (tiles of 4 and ceil(14/4) = 4 on 4 devices, not on 2).
+    "3x3-valid": (_conv(1, "VALID"), (3, 1, 3, 2)),
+    # 16 rows -> 7 windows (tiles of 8 and 4, of 4 and 2): the gradient is a sum pool with
+    # base dilation 2 over the padded 7 rows.
+    "max-pool-3-stride2-valid": (lambda x, w: jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1, 3, 1, 1), (1, 2, 1, 1), "VALID") + w.sum(), (1,)),
+    "avg-pool-3-stride2-valid": (lambda x, w: jax.lax.reduce_window(
+        x, 0.0, jax.lax.add, (1, 3, 1, 1), (1, 2, 1, 1), "VALID") + w.sum(), (1,)),
 }
 
 
 @pytest.mark.parametrize("name", list(GEOMETRIES))
 def test_halo_geometries_verify_with_their_gradients(name):
     """Stride with a negative halo, window dilation, asymmetric padding, a pool whose windows
-    do not overlap, base dilation: every halo entry of the op and of its gradient is true on
-    2 and 4 devices."""
+    do not overlap, base dilation, VALID windows on padded tiles: every halo entry of the op
+    and of its gradient is true on 2 and 4 devices (where its tiles keep the geometry)."""
     fn, ker_shape = GEOMETRIES[name]
     x, w = jnp.ones((2, 16, 4, 3)), jnp.ones(ker_shape)
     step = jax.grad(lambda x, w: (fn(x, w) ** 2).sum(), argnums=(0, 1))
@@ -263,20 +271,108 @@ def test_halo_geometries_verify_with_their_gradients(name):
     report = verify_registry(ops, default_registry(), parts=(2, 4))
     halos = [v for v in report.verdicts if isinstance(v.entry, HaloEntry)]
     assert halos and not report.wrong, str(report)
+    if "valid" in name:  # entries that only padded tiles fit were verified too
+        assert any(v.entry.factor_size == 1 for v in halos), str(report)
 
 
-def test_valid_convolution_without_translation_invariance_warns_and_gathers():
-    """A VALID 3x3 convolution maps 32 rows to 30: output tiles do not map to input tiles, so
-    there is no halo entry. The image arrives tiled on H and is gathered, with a warning
-    naming the op, the user's line and the reason; the numbers stay right."""
+PADDED = {
+    # VALID: 32 rows -> 30, in tiles of 4 and ceil(30/8) = 4 (the last holds 2 valid).
+    "3x3-valid-32": (3, 1, "VALID", 32),
+    # Uneven: 37 rows in tiles of 5, the last holding 2 valid and 3 of padding.
+    "3x3-same-37": (3, 1, "SAME", 37),
+    # 64 rows -> 29 by a 7x7 window moved by 2: tiles of 8 input rows for 4 output rows.
+    "7x7-stride2-valid-64": (7, 2, "VALID", 64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADDED))
+def test_valid_and_uneven_convolutions_exchange_halos_on_padded_tiles(name):
+    """Output-driven on padded tiles: device j computes ceil(out/8) output rows from its
+    ceil(in/8) input rows plus halos, which holds wherever the two padded tiles are in the
+    stride's ratio. The padding reads as the convolution's zero padding (masked before the
+    exchange: the inputs are negative, so garbage or a wrong fill would show). Forward,
+    input gradient and weight gradient: permutes, no all_gather, jax.jit's numbers."""
+    window, stride, padding, height = PADDED[name]
+
     def loss(img, ker):
-        y = jax.lax.conv_general_dilated(img, ker, (1, 1), "VALID",
+        y = jax.lax.conv_general_dilated(img, ker, (stride, stride), padding,
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return (jnp.tanh(y) ** 2).sum()
+
+    # The image's gradient has its height: where that is uneven (37), the program output
+    # would be gathered, so only the kernel's gradient is returned there.
+    argnums = (0, 1) if height % 8 == 0 else 1
+    step = jax.value_and_grad(loss, argnums=argnums)
+    img = -1.0 - jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, height, 8, 4)))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (window, window, 4, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HaloWarning)
+        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
+    padding_lines = meta.tactics[-1].padding
+    assert any("stablehlo.convolution (pad value)" in line for line in padding_lines), \
+        padding_lines
+    f, _ = partir.jit(step, MESH, TILE_H)
+    compiled = _compiled_counts(f, img, ker)
+    assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 3, compiled
+
+
+@pytest.mark.parametrize("stride,padding,height", [(2, "VALID", 32), (1, "SAME", 37)])
+def test_pools_on_padded_tiles_exchange_halos(stride, padding, height):
+    """A VALID 3x3 stride-2 max-pool (32 rows -> 15, tiles of 4 and 2) and a SAME one over 37
+    rows, inputs negative: the padding is filled with -inf before the exchange (a zero would
+    win the border windows). The forward pool exchanges halos (no all_gather); its gradient
+    on padded tiles is not supported and gathers with a HaloWarning naming the op."""
+    pool = lambda img: jax.lax.reduce_window(  # noqa: E731
+        img, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, stride, stride, 1), padding)
+    img = -1.0 - jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, height, 8, 4)))
+    forward = lambda img: (pool(img) ** 2).sum()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HaloWarning)
+        meta = _check_against_jax_jit(forward, (img,), TILE_H, MESH)
+    assert meta.tactics[-1].collectives["all_gather"] == 0
+    assert meta.tactics[-1].collectives["all_permute"] >= 1
+    _warns_and_gathers(jax.grad(forward), (img,), r"select_and_scatter at .*test_halo.py:\d+",
+                       uneven_outputs="replicate")
+
+
+@pytest.mark.parametrize("stride,padding,height", [(2, "VALID", 32), (1, "SAME", 37),
+                                                    (2, "SAME", 32)])
+def test_sum_pool_and_its_gradient_exchange_halos(stride, padding, height):
+    """An average pool and its gradient, which jax writes as a zero pad (interior padding
+    stride - 1) read by a stride-1 sum pool: the importer folds the pad into the pool's
+    padding and base dilation, so the gradient is a windowed op with halos too, on even and
+    padded tiles: permutes, no all_gather, jax.jit's numbers (the returned values are
+    scalars, so no uneven program output is gathered)."""
+    pool = lambda img: jax.lax.reduce_window(  # noqa: E731
+        img, 0.0, jax.lax.add, (1, 3, 3, 1), (1, stride, stride, 1), padding) / 9
+    forward = lambda img: (jnp.tanh(pool(img)) ** 2).sum()  # noqa: E731
+    step = lambda img: (forward(img), (jax.grad(forward)(img) ** 2).sum())  # noqa: E731
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, height, 8, 4))
+    ops = list(walk(import_lowered(jax.jit(jax.grad(forward)).lower(img)).ops))
+    assert not [op for op in ops if op.name == "stablehlo.pad"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HaloWarning)
+        meta = _check_against_jax_jit(step, (img,), TILE_H, MESH)
+    ours = meta.tactics[-1].collectives
+    assert ours["all_gather"] == 0 and ours["all_permute"] >= 2, ours
+
+
+def test_window_whose_padded_tiles_are_not_in_the_stride_ratio_warns_and_gathers():
+    """A SAME 3x3 stride-2 convolution over 37 rows: input tiles of 5 rows, output tiles of
+    ceil(19/8) = 3 rows, whose windows span 6 input rows, so device j's halo would grow with
+    j. The image is gathered instead, with a warning naming the op, the user's line and the
+    reason; the numbers stay right."""
+    def loss(img, ker):
+        y = jax.lax.conv_general_dilated(img, ker, (2, 2), "SAME",
                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return (y ** 2).sum()
 
-    step = jax.value_and_grad(loss, argnums=(0, 1))
-    img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))
+    step = jax.value_and_grad(loss, argnums=1)
+    img = jax.random.normal(jax.random.PRNGKey(0), (2, 37, 8, 4))
     ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
     _warns_and_gathers(
         step, (img, ker),
-        r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*VALID")
+        r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*not in the "
+        r"ratio of its stride")

@@ -21,7 +21,6 @@ from enum import nonmember
 from ..ir.graph import Op
 from .option import Option
 from .tmr import Sum, TMREntry
-from .windows import HaloEntry
 
 
 class PaddingPolicy(Option):
@@ -97,8 +96,8 @@ def entry_tiles_exact_dims(op: Op, entry: TMREntry) -> bool:
     return True
 
 
-# Ops whose tiled form reads neighbouring tiles (rolls, interleaves, halo windows) or
-# otherwise assumes equal tiles: an uneven entry is refused, so they gather their operands.
+# Ops whose tiled form reads neighbouring tiles (rolls, interleaves) or otherwise assumes
+# equal tiles: an uneven entry is refused, so they gather their operands.
 _NO_PADDING_OPS = frozenset({"partir.roll", "partir.interleave"})
 
 
@@ -106,10 +105,11 @@ def entry_allows_padding(op: Op, entry: TMREntry) -> bool:
     """May `op` loop over an axis with `entry` where that pads a tiled dimension?
 
     Padded tiles are safe where padding only ever lands in padding, or is masked first:
-    pass-through and Sum entries over exact dimensions. Halo entries (windows reading the
-    neighbours' rows) and the data-movement markers are refused: the op then reads its
-    operands whole (the existing conflict and gather path), never a wrong number."""
-    if op.name in _NO_PADDING_OPS or isinstance(entry, HaloEntry):
+    pass-through and Sum entries over exact dimensions. The data-movement markers are
+    refused: the op then reads its operands whole (the existing conflict and gather path),
+    never a wrong number. (Halo entries depend on how many tiles: the state asks
+    `Halo.fits` for those.)"""
+    if op.name in _NO_PADDING_OPS:
         return False
     return entry_tiles_exact_dims(op, entry)
 

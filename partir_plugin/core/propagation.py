@@ -57,7 +57,7 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
             return False
         if state.overlapping(r, axis) is not None:
             return False
-    return not state.entry_pads(op, axis, e) or state.padding_allowed(op, e)
+    return not state.entry_pads(op, axis, e) or state.padding_allowed(op, e, axis)
 
 
 def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:

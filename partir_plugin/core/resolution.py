@@ -126,7 +126,7 @@ def _moves(state: PartitionState, op: Op, axis: str, e: TMREntry) -> list[Move] 
             continue
         if cur is not None and cur != action:
             return None
-    if state.entry_pads(op, axis, e) and not state.padding_allowed(op, e):
+    if state.entry_pads(op, axis, e) and not state.padding_allowed(op, e, axis):
         return None
     return moves
 

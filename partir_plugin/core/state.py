@@ -17,6 +17,7 @@ from .mesh import Mesh
 from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
 from .subaxis import is_sub_axis, parent_of
 from .tmr import Sum, TileMappingRegistry, TMREntry
+from .windows import HaloEntry
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,19 @@ class PartitionState:
                 return True
         return False
 
-    def padding_allowed(self, op: Op, entry: TMREntry) -> bool:
-        """May `op` run `entry` on padded tiles (padding on, and an entry that keeps padding in
-        padding or whose reads of it the lowering masks)?"""
-        return self.allow_padding and entry_allows_padding(op, entry)
+    def padding_allowed(self, op: Op, entry: TMREntry, axis: str) -> bool:
+        """May `op` loop over `axis` with `entry` on padded tiles (padding on, and an entry
+        that keeps padding in padding or whose reads of it the lowering masks; a halo entry
+        whose padded tiles, over the axes of its nest and `axis`, keep its window geometry)?"""
+        if not self.allow_padding:
+            return False
+        if isinstance(entry, HaloEntry):
+            k = self.mesh.axis_size(axis)
+            for a, e in self.nests.get(op, ()):
+                if isinstance(e, HaloEntry) and e.halo == entry.halo:
+                    k *= self.mesh.axis_size(a)
+            return entry.halo.fits(k)
+        return entry_allows_padding(op, entry)
 
     def tagged(self, name: str) -> list[Value]:
         """Every value tagged `name`, in program order."""

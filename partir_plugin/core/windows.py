@@ -9,6 +9,13 @@ by a whole number of tiles per tile of output: `m·stride == n·lhs_dilation`. T
 convolution (image x output gradient -> kernel) is the same with the roles swapped: the output
 gradient is the window, tiled plainly, each device reads its image rows plus halos, and the
 kernel is a partial `Sum`.
+
+With padded tiles (`core/padding.py`) n and m are `ceil(size/k)` and `ceil(out/k)`: a VALID
+window (32 -> 30 rows) or an uneven extent (37 rows) keeps the geometry for the k where the
+padded tiles are in the stride's ratio (`Halo.fits`). Such an entry has factor size 1, so every
+tiling of it counts as padding and propagation asks `fits` for the axes it would loop over;
+the lowering fills the padding rows with the op's pad value before exchanging, so a window
+reading past the valid rows sees what the global op's padding holds.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from ..ir.attributes import parse_i64_array, parse_padding
 from ..ir.graph import Op
 from ..ir.padded_scatter import PADDED_SCATTER_OP
+from .padding import ceil_div
 from .scan import scan_dims
 from .tmr import Sum, TMREntry
 
@@ -64,15 +72,24 @@ class Halo:
     window_dilation: int
     lo: int
     weight_gradient: bool = False
+    tiled: int = 0  # the extent tiled plainly: the output's, or a weight gradient's window's
+
+    def fits(self, k: int) -> bool:
+        """Do k (padded) tiles keep the window geometry: does each tile of the plainly tiled
+        extent map onto one tile of the input, moved by a whole tile?"""
+        n, m = ceil_div(self.size, k), ceil_div(self.tiled, k)
+        if self.weight_gradient:
+            return m * self.window_dilation == n and m > 0
+        return m * self.stride == n * self.lhs_dilation and self.rows(k).one_hop
 
     def rows(self, k: int) -> HaloRows:
-        n = self.size // k
+        n = ceil_div(self.size, k)
         if self.weight_gradient:
             # Tap t of this device's window (global tap j·m + t) reads image row
             # o·stride + (j·m + t)·window_dilation - lo for output o < out.
             right = (self.out - 1) * self.stride + 1 - self.window_dilation - self.lo
             return HaloRows(n, self.lo, right, 0, 0)
-        m, s, dl = self.out // k, self.stride, self.lhs_dilation
+        m, s, dl = ceil_div(self.out, k), self.stride, self.lhs_dilation
         # Relative to j·n·dl in dilated input coordinates, this device's windows read
         # [-lo, end); the rows inside are the multiples of dl.
         end = m * s - s - self.lo + self.window
@@ -99,6 +116,10 @@ class ScatterHalo:
     window: int
     stride: int
     lo: int
+
+    def fits(self, k: int) -> bool:
+        """Padded tiles are not supported here: a max-pool's gradient over them gathers."""
+        return False
 
     def source_rows(self, k: int) -> HaloRows:
         m, s = self.out // k, self.stride
@@ -147,15 +168,17 @@ def _conv_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int | Sum, .
         ld, rd, od = lhs.index(c), rhs.index(c), out.index(c)
         size, window, result = lhs_shape[ld], rhs_shape[rd], out_shape[od]
         effective = (window - 1) * rhs_dil[s] + 1
-        if result * strides[s] == size * lhs_dil[s] and result > 1:
+        if result > 1:
             found.append(((ld, None), (od,), Halo((0,), ld, s, size, result, strides[s],
                                                   lhs_dil[s], effective, rhs_dil[s],
-                                                  pads[s][0])))
-        elif lhs_dil[s] == 1 and size == window * rhs_dil[s] and window > 1:
+                                                  pads[s][0], tiled=result)))
+        if result * strides[s] == size * lhs_dil[s] and result > 1:
+            continue  # a forward geometry with even tiles: no weight-gradient reading of it
+        if lhs_dil[s] == 1 and window > 1:
             # Weight gradient: the output gradient is the window, dilated by the stride.
             found.append(((ld, rd), (Sum("add"),),
                           Halo((0,), ld, s, size, result, strides[s], 1, effective,
-                               rhs_dil[s], pads[s][0], weight_gradient=True)))
+                               rhs_dil[s], pads[s][0], weight_gradient=True, tiled=window)))
     return found
 
 
@@ -175,12 +198,13 @@ def _reduce_window_halos(op: Op) -> list[tuple[tuple[int | None, ...], tuple[int
             continue  # a plain elementwise dimension: Shardy's pass-through entry
         if d in scans:
             continue  # a scan (cumsum): `scan.ScanEntry`, not a halo
-        if size_out[d] * strides[d] != size_in[d] * base[d] or size_out[d] <= 1:
+        if size_out[d] <= 1:
             continue
         operands = tuple(d if i < inputs else None for i in range(len(op.operands)))
         found.append((operands, tuple(d for _ in op.results),
                       Halo(tuple(range(inputs)), d, d, size_in[d], size_out[d], strides[d],
-                           base[d], (window[d] - 1) * dil[d] + 1, dil[d], pads[d][0])))
+                           base[d], (window[d] - 1) * dil[d] + 1, dil[d], pads[d][0],
+                           tiled=size_out[d])))
     return found
 
 
@@ -269,12 +293,12 @@ def no_halo_reason(op: Op, dim: int) -> str:
     if dim in scan_dims(op):
         return "it scans the whole dimension with a reducer that has no scan rule"
     found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)
-    halo = next((h for _, _, h in found if h.dim == dim), None)
-    if halo is None:
-        return ("its output extent is not the input's times the lhs dilation over the stride "
-                "(e.g. a VALID window), so tiles of the output do not map to tiles of the input")
-    return (f"the tiles do not divide both its extents ({halo.size} and "
-            f"{halo.out if not halo.weight_gradient else halo.size // halo.window_dilation})")
+    halos = [h for _, _, h in found if h.dim == dim]
+    if not halos:
+        return "its output has a single row along it"
+    extents = " or ".join(f"{h.size} and {h.tiled}" for h in halos)
+    return (f"its tiles of {extents} rows (ceil(n/k) each, padding allowed) are not in the "
+            f"ratio of its stride and lhs dilation, or its halo is wider than a tile")
 
 
 def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
@@ -291,6 +315,11 @@ def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
     for operands, results, halo in found:
         if (operands, results) in have:
             continue
-        tiled = halo.out if not halo.weight_gradient else halo.size // halo.window_dilation
-        out.append(HaloEntry(operands, results, math.gcd(halo.size, tiled), halo))
+        ratio = halo.window_dilation if halo.weight_gradient else halo.stride
+        dilation = 1 if halo.weight_gradient else halo.lhs_dilation
+        if halo.tiled * ratio == halo.size * dilation:
+            factor = math.gcd(halo.size, halo.tiled)  # even tiles keep the geometry
+        else:
+            factor = 1  # only padded tiles can: every tiling pads, and asks `fits`
+        out.append(HaloEntry(operands, results, factor, halo))
     return out

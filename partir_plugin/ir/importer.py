@@ -12,11 +12,11 @@ import re
 
 from jaxlib.mlir import ir, passmanager
 
-from .conv_padding import fold_conv_padding
 from .graph import Block, Func, Op, Region, Value, gc_paused, walk
 from .locations import location_name
 from .padded_scatter import fuse_padded_scatters
 from .types import TensorType
+from .window_padding import fold_window_padding
 
 _RULE_ATTR = "sdy.sharding_rule"
 _TAG = re.compile(r"partir_tag\[([^\]]+)\]")
@@ -60,7 +60,7 @@ class _Importer:
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
         # Seen while importing, to run the rewrites that need them (each walks the program).
         self.scatters = False  # a select_and_scatter (a max-pool's gradient)
-        self.pads = self.convolutions = False
+        self.pads = self.windows = False  # a pad; a convolution or reduce_window
 
     def _type(self, t: ir.Type) -> TensorType:
         tt = self.types.get(t)
@@ -80,8 +80,8 @@ class _Importer:
         func = Func(name=name, body=body, returns=returns, tags=tags)
         if self.scatters:
             fuse_padded_scatters(func)
-        if self.pads and self.convolutions:
-            fold_conv_padding(func)
+        if self.pads and self.windows:
+            fold_window_padding(func)
         return func
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
@@ -151,7 +151,7 @@ class _Importer:
             results = op.results
             self.scatters |= name == "stablehlo.select_and_scatter"
             self.pads |= name == "stablehlo.pad"
-            self.convolutions |= name == "stablehlo.convolution"
+            self.windows |= name in ("stablehlo.convolution", "stablehlo.reduce_window")
             new = Op(name, [env[v] for v in op.operands],
                      [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule

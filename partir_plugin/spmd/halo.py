@@ -1,9 +1,11 @@
 """Halo exchange: the lowering of a `HaloEntry` (core/windows.py).
 
 Device j of k along the tiling axes holds rows `[j·n, (j+1)·n)` of a windowed op's input and
-computes its own output rows. Before the op it builds the extended operand
-`[j·n - left, (j+1)·n + right)`: its tile, the last `left` rows of device j-1 and the first
-`right` rows of device j+1, each received by one collective_permute. Rows beyond the global
+computes its own output rows (n = ceil(size/k): a padded tile's padding is first set to the
+pad value, so a window reading past the valid rows sees what the global op pads with). Before
+the op it builds the extended operand `[j·n - left, (j+1)·n + right)`: its tile, the last
+`left` rows of device j-1 and the first `right` rows of device j+1, each received by one
+collective_permute. Rows beyond the global
 ends are the op's padding value (0 for a convolution, the init value for reduce_window, so a
 max-pool over negative inputs never sees a zero); the op then runs with local padding that makes
 it compute exactly this device's rows. A halo wider than a tile (a big window over small tiles)
@@ -27,6 +29,7 @@ from ..ir.locations import parse_location
 from ..ir.padded_scatter import WINDOW_ATTRS
 from ..ir.types import TensorType
 from .layout import Layout
+from .masking import WINDOW_PAD, apply_mask, masks
 
 
 class HaloWarning(UserWarning):
@@ -55,11 +58,15 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
     pad_rows = (op.operands[0].type.rank if op.name == "stablehlo.reduce_window"
                 else op.operands[0].type.rank - 2)
     pads = parse_padding(attrs.get("padding", ""), pad_rows)
+    fills = {(m.operand, m.dim): m for m in masks(op, nest, em.mesh)
+             if m.reduction == WINDOW_PAD}
     for halo, axes in halo_axes(nest):
         k = em.mesh.product(axes)
         rows = halo.rows(k)
         for i in halo.operands:
             fill = _pad_value(em, op, i, operands)
+            if (i, halo.dim) in fills:  # padded tiles: the padding reads as the pad value
+                operands[i] = apply_mask(em, operands[i], fills[(i, halo.dim)], fill)
             if rows.one_hop:
                 operands[i] = _exchange(em, operands[i], halo.dim, rows, axes, fill)
             else:

@@ -31,7 +31,7 @@ from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
-from .masking import apply_mask, drop_index_hints, masks
+from .masking import WINDOW_PAD, apply_mask, drop_index_hints, masks
 from .own_reducer import combine_partials, local_operands, own_identity
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
@@ -794,6 +794,8 @@ class _Lowering:
         elif op.name in UNHALOED_OPS:
             warn_gathered(op, [self.local[v][1] for v in op.inputs], wanted)
         for mask in masks(op, nest, self.mesh):
+            if mask.reduction == WINDOW_PAD:
+                continue  # applied before the halo exchange (extend_operands)
             fill = (own_identity(self.em, op, operands, mask.operand)
                     if mask.reduction == OWN_REDUCER else None)
             operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask, fill)

@@ -9,6 +9,8 @@ entry's reduction (0 for add, -inf for max, +inf for min, 1 for mul, ...), with 
 against the device's count of valid rows, never a multiply, so NaN or inf garbage cannot
 leak. Softmax, argmax-by-gather and the like are made of these ops and need nothing more;
 ops with no safe entry are refused uneven tiles in propagation (`entry_allows_padding`).
+A windowed op tiled by a halo entry reads its neighbours' rows, padding included: its padding
+gets the op's own pad value (`WINDOW_PAD`) before the halos are exchanged (`spmd/halo.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..core.mesh import Mesh
 from ..core.padding import PaddedDim, is_padded, tile_bounds
 from ..core.scan import ScanEntry
 from ..core.tmr import Sum
+from ..core.windows import Halo, HaloEntry
 from ..ir.graph import Op, Value
 from ..ir.types import TensorType
 
@@ -47,6 +50,11 @@ def identity_literal(reduction: str, element: str) -> str:
                 }.get(reduction, 0))
 
 
+# The "reduction" of a mask that fills a windowed op's operand with the op's pad value (0 for
+# a convolution, the init value for a reduce_window) before its halo exchange.
+WINDOW_PAD = "window pad"
+
+
 @dataclass(frozen=True)
 class Mask:
     """Operand `operand`'s padding on `dim` replaced by the identity of `reduction`."""
@@ -56,16 +64,28 @@ class Mask:
     padded: PaddedDim
     reduction: str
 
+    @property
+    def fill(self) -> str:
+        """What the padding becomes, for messages."""
+        return "pad value" if self.reduction == WINDOW_PAD else f"{self.reduction} identity"
+
     def __str__(self) -> str:
-        return f"operand {self.operand} dim {self.dim} ({self.reduction} identity)"
+        return f"operand {self.operand} dim {self.dim} ({self.fill})"
 
 
 def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     """The masks the lowering puts before `op` in loop nest `nest`: each operand a Sum entry
-    slices on a dimension that its tiling (by every axis of the nest) pads."""
+    slices on a dimension that its tiling (by every axis of the nest) pads, and each padded
+    operand a halo entry extends (`WINDOW_PAD`, applied before the exchange)."""
     found: dict[tuple[int, int], Mask] = {}
     lookup = lookup_dim(op)
     for _, entry in nest:
+        if isinstance(entry, HaloEntry) and isinstance(entry.halo, Halo):
+            d = entry.halo.dim
+            for i in entry.halo.operands:
+                padded = _padded(op.operands[i], d, nest, i, mesh)
+                if padded is not None:
+                    found[(i, d)] = Mask(i, d, padded, WINDOW_PAD)
         # A scan reads its padding into the rows after it (reversed: before it) as a
         # reduction reads it into its result.
         sums = ([Sum(entry.reduction)] if isinstance(entry, ScanEntry)
@@ -76,12 +96,17 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
             d = entry.operands[i]
             if d is None or (i, d) in found or (i == 0 and d == lookup):
                 continue  # a lookup's ids are clamped into the table: never its padding
-            axes = tuple(a for a, e in nest if e.operands[i] == d)
-            sizes = tuple(mesh.axis_size(a) for a in axes)
-            if is_padded(v.type.shape[d], sizes):
-                found[(i, d)] = Mask(i, d, PaddedDim(v.type.shape[d], axes, sizes),
-                                     sums[0].reduction)
+            padded = _padded(v, d, nest, i, mesh)
+            if padded is not None:
+                found[(i, d)] = Mask(i, d, padded, sums[0].reduction)
     return list(found.values())
+
+
+def _padded(v: Value, d: int, nest, i: int, mesh: Mesh) -> PaddedDim | None:
+    """Dimension `d` of operand `i`, `v`, as the nest's axes tile it, if that pads it."""
+    axes = tuple(a for a, e in nest if e.operands[i] == d)
+    sizes = tuple(mesh.axis_size(a) for a in axes)
+    return PaddedDim(v.type.shape[d], axes, sizes) if is_padded(v.type.shape[d], sizes) else None
 
 
 def apply_mask(em, x: Value, mask: Mask, identity: Value | None = None) -> Value:
@@ -112,7 +137,7 @@ def padding_report(state) -> list[str]:
     inserted: dict[PaddedDim, dict[str, int]] = {}
     for op, nest in state.nests.items():
         for m in masks(op, nest, state.mesh):
-            what = f"{op.name} ({m.reduction} identity)"
+            what = f"{op.name} ({m.fill})"
             per = inserted.setdefault(m.padded, {})
             per[what] = per.get(what, 0) + 1
     lines = []

@@ -1,4 +1,4 @@
-"""Pads folded into a convolution's own padding (as XLA's algebraic simplifier folds them).
+"""Pads folded into a windowed op's own padding (as XLA's algebraic simplifier folds them).
 
 Code written as `conv(jnp.pad(x), VALID)` (a causal convolution, PyTorch's `F.pad`) pads the
 image with zeros before a convolution that pads nothing; its gradient crops the input
@@ -10,28 +10,36 @@ halos (core/windows.py). Both fold exactly:
   forward pass and the weight gradient); the pad goes when nothing else reads it;
 - `pad(conv(...), low, high)` with non-positive edges on the output's spatial dimensions (a
   crop): output row o' is row o' + |low| of the convolution, whose window starts |low|·stride
-  rows later, so the convolution's padding shrinks by |low|·stride and |high|·stride.
+  rows later, so the convolution's padding shrinks by |low|·stride and |high|·stride;
+- `reduce_window(pad(x, c))` with c its init value (jax's transpose of a sum pool pads the
+  output gradient with zeros inside and at the edges): interior padding is base dilation,
+  whose holes a reduce_window fills with its init value as it does its padding, so the pad's
+  edges join the padding and its interior becomes the base dilation.
 """
 
 from __future__ import annotations
 
 import re
 
-from .attributes import format_padding, parse_i64_array, parse_padding
+from .attributes import format_padding, i64_array, parse_i64_array, parse_padding
 from .graph import Func, Op, Value, blocks, use_counts
 
 CONV = "stablehlo.convolution"
 PAD = "stablehlo.pad"
+REDUCE_WINDOW = "stablehlo.reduce_window"
 
 
-def fold_conv_padding(func: Func) -> int:
-    """Fold the pads around `func`'s convolutions (regions included); the number folded."""
+def fold_window_padding(func: Func) -> int:
+    """Fold the pads around `func`'s convolutions and reduce_windows (regions included); the
+    number folded."""
     uses = use_counts(func)
     folded = 0
     for block in blocks(func.body):
         gone: set[Op] = set()
         for op in block.ops:
             if op.name == CONV and _fold_input_pad(op, uses):
+                folded += 1
+            elif op.name == REDUCE_WINDOW and _fold_into_reduce_window(op, uses):
                 folded += 1
             elif op.name == PAD and _fold_crop(op, uses):
                 gone.add(op)
@@ -82,6 +90,29 @@ def _fold_input_pad(conv: Op, uses: dict[Value, int]) -> bool:
     return True
 
 
+def _fold_into_reduce_window(op: Op, uses: dict[Value, int]) -> bool:
+    pad = op.operands[0].producer
+    if (len(op.operands) != 2 or pad is None or pad.name != PAD
+            or not _same_constant(pad.operands[1], op.operands[1])):
+        return False
+    rank = op.operands[0].type.rank
+    base = parse_i64_array(op.attributes.get("base_dilations", "")) or [1] * rank
+    low, high, interior = (parse_i64_array(pad.attributes.get(k, "")) or [0] * rank
+                           for k in ("edge_padding_low", "edge_padding_high",
+                                     "interior_padding"))
+    if any(b != 1 for b in base) or min(low + high) < 0:
+        return False  # holes of holes, or a crop: not the op's padding
+    pads = parse_padding(op.attributes.get("padding", ""), rank)
+    op.attributes["padding"] = format_padding([[p[0] + lo, p[1] + hi]
+                                               for p, lo, hi in zip(pads, low, high)])
+    if any(interior):
+        op.attributes["base_dilations"] = i64_array([i + 1 for i in interior])
+    uses[op.operands[0]] -= 1
+    op.operands[0] = pad.operands[0]
+    uses[pad.operands[0]] = uses.get(pad.operands[0], 0) + 1
+    return True
+
+
 def _fold_crop(pad: Op, uses: dict[Value, int]) -> bool:
     conv = pad.operands[0].producer
     layouts = _dims(conv) if conv is not None and conv.name == CONV else None
@@ -118,6 +149,15 @@ def _moved(conv: Op, layout: list[str], edges, scale: list[int], sign: int
         s = int(c)
         pads[s] = [pads[s][0] + lo * scale[s], pads[s][1] + hi * scale[s]]
     return pads
+
+
+def _same_constant(a: Value, b: Value) -> bool:
+    """Are `a` and `b` one value, two zeros, or two constants of the same literal?"""
+    if a is b or (_is_zero(a) and _is_zero(b) and a.type == b.type):
+        return True
+    pa, pb = a.producer, b.producer
+    return (pa is not None and pb is not None and pa.name == pb.name == "stablehlo.constant"
+            and a.type == b.type and pa.attributes.get("value") == pb.attributes.get("value"))
 
 
 def _is_zero(v: Value) -> bool:
