@@ -104,7 +104,8 @@ class ScatterHalo:
     max-pool's gradient, ir/padded_scatter.py): image `x` of `size` rows padded by `lo` before,
     source (the pool's output gradient) of `out` rows, one per window of `window` rows moved
     by `stride`. Output-driven like the pool: the result has the image's rows, tiled with it,
-    and the source is tiled alike (`out·stride == size`). Device j computes the windows that
+    and the source is tiled alike (`ceil(out/k)·stride == ceil(size/k)`, padded tiles
+    included: `fits`). Device j computes the windows that
     touch its rows, so it reads the source rows of those windows and every image row they
     cover: halos of both, each one `HaloRows` (`lo`/`hi` unused: the extended image carries
     the pad value itself).
@@ -117,12 +118,15 @@ class ScatterHalo:
     stride: int
     lo: int
 
+    operands = (0, 1)  # the image and the source get halos
+
     def fits(self, k: int) -> bool:
-        """Padded tiles are not supported here: a max-pool's gradient over them gathers."""
-        return False
+        """Do k (padded) tiles of source and image keep the window geometry?"""
+        return (ceil_div(self.out, k) * self.stride == ceil_div(self.size, k)
+                and self.rows(k).one_hop and self.source_rows(k).one_hop)
 
     def source_rows(self, k: int) -> HaloRows:
-        m, s = self.out // k, self.stride
+        m, s = ceil_div(self.out, k), self.stride
         # Window o covers padded rows [o·s, o·s + window), image rows shifted by lo; it
         # touches rows [j·n, (j+1)·n) for o in [j·m - left, (j+1)·m + right).
         left = (self.window - 1 - self.lo) // s
@@ -131,7 +135,7 @@ class ScatterHalo:
 
     def rows(self, k: int) -> HaloRows:
         src = self.source_rows(k)
-        n, s = self.size // k, self.stride
+        n, s = ceil_div(self.size, k), self.stride
         return HaloRows(n, src.left * s + self.lo, (src.right - 1) * s + self.window - self.lo,
                         0, 0)
 
@@ -224,9 +228,12 @@ def padded_scatter_entries(op: Op) -> list[TMREntry]:
         if (window[d], strides[d], low[d], high[d]) == (1, 1, 0, 0):
             if x[d] > 1:
                 entries.append(TMREntry((d, d, None, None), (d,), x[d]))
-        elif adds and source[d] * strides[d] == x[d] and source[d] > 1:
+        elif adds and source[d] > 1:
             halo = ScatterHalo(d, x[d], source[d], window[d], strides[d], low[d])
-            entries.append(HaloEntry((d, d, None, None), (d,), source[d], halo))
+            # Even tiles keep the geometry where the extents are in the stride's ratio;
+            # elsewhere only padded ones can (factor 1: `fits` decides per k).
+            factor = source[d] if source[d] * strides[d] == x[d] else 1
+            entries.append(HaloEntry((d, d, None, None), (d,), factor, halo))
     return entries
 
 
@@ -288,8 +295,8 @@ def no_halo_reason(op: Op, dim: int) -> str:
     if op.name == PADDED_SCATTER_OP:
         if not _scatter_adds(op):
             return "its scatter does not add"
-        return ("its source does not have one row per stride of image rows, or the tiles do "
-                "not divide it")
+        return ("its tiles of source and image (ceil(n/k) rows each) are not one source row "
+                "per stride of image rows, or a halo is wider than a tile")
     if dim in scan_dims(op):
         return "it scans the whole dimension with a reducer that has no scan rule"
     found = _conv_halos(op) if op.name == "stablehlo.convolution" else _reduce_window_halos(op)

@@ -89,6 +89,8 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
     warn_gathered(op, have, wanted)
     x, source, init, fill = operands
     rank = x.type.rank
+    fills = {(m.operand, m.dim): m for m in masks(op, nest, em.mesh)
+             if m.reduction == WINDOW_PAD}
     low, high = (parse_i64_array(op.attributes.get(k, "")) or [0] * rank
                  for k in ("edge_padding_low", "edge_padding_high"))
     keep = list(low)
@@ -96,6 +98,11 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
         k = em.mesh.product(axes)
         rows, src = halo.rows(k), halo.source_rows(k)
         zero = em.scalar(0, source.type.element)
+        # Padded tiles: the image's padding reads as the pad value, the source's scatters 0.
+        if (0, halo.dim) in fills:
+            x = apply_mask(em, x, fills[(0, halo.dim)], fill)
+        if (1, halo.dim) in fills:
+            source = apply_mask(em, source, fills[(1, halo.dim)], zero)
         if rows.one_hop and src.one_hop:
             x = _exchange(em, x, halo.dim, rows, axes, fill)
             source = _exchange(em, source, halo.dim, src, axes, zero)

@@ -22,7 +22,7 @@ from ..core.mesh import Mesh
 from ..core.padding import PaddedDim, is_padded, tile_bounds
 from ..core.scan import ScanEntry
 from ..core.tmr import Sum
-from ..core.windows import Halo, HaloEntry
+from ..core.windows import HaloEntry
 from ..ir.graph import Op, Value
 from ..ir.types import TensorType
 
@@ -80,7 +80,7 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     found: dict[tuple[int, int], Mask] = {}
     lookup = lookup_dim(op)
     for _, entry in nest:
-        if isinstance(entry, HaloEntry) and isinstance(entry.halo, Halo):
+        if isinstance(entry, HaloEntry):
             d = entry.halo.dim
             for i in entry.halo.operands:
                 padded = _padded(op.operands[i], d, nest, i, mesh)
