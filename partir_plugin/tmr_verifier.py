@@ -189,7 +189,7 @@ def ops_of(func: Func) -> Iterable[Op]:
 
 def _splits(op: Op, entry: TMREntry, parts: int) -> bool:
     if isinstance(entry, HaloEntry) and entry.factor_size == 1:
-        return entry.halo.fits(parts)  # a window that keeps its geometry on padded tiles only
+        return entry.halo.fits([parts])  # a window that keeps its geometry on padded tiles only
     if entry.factor_size % parts:
         return False
     dims = [(v, d) for v, d in zip(op.inputs, entry.operands) if d is not None]

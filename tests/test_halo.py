@@ -363,6 +363,28 @@ def test_sum_pool_and_its_gradient_exchange_halos(stride, padding, height):
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 2, ours
 
 
+@pytest.mark.parametrize("mesh,exchanged", [({"a": 4, "b": 2}, True), ({"a": 2, "b": 4}, False)])
+def test_padded_height_on_two_axes_exchanges_only_contiguous_tiles(mesh, exchanged):
+    """30 rows over 'a' then 'b', level by level. On {a: 4, b: 2} the tiles are 8 rows then 4,
+    the padding only after the last valid row: halos are exchanged. On {a: 2, b: 4} each half
+    of 15 rows is cut into 4-row tiles, leaving a padding row in the middle of the height,
+    which a window must not read as a neighbour's: gathered, with a warning."""
+    step = jax.value_and_grad(_conv_loss(3, 1), argnums=1)
+    img = -1.0 - jnp.abs(jax.random.normal(jax.random.PRNGKey(0), (2, 30, 8, 4)))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
+    schedule = [partir.ManualPartition({"img": 1}, axis="a"),
+                partir.ManualPartition({"img": 1}, axis="b")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        meta = _check_against_jax_jit(step, (img, ker), schedule, mesh)
+    halo_warnings = [w for w in caught if issubclass(w.category, HaloWarning)]
+    ours = meta.tactics[-1].collectives
+    if exchanged:
+        assert not halo_warnings and ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
+    else:
+        assert halo_warnings and ours["all_gather"] > 0, ours
+
+
 def test_window_whose_padded_tiles_are_not_in_the_stride_ratio_warns_and_gathers():
     """A SAME 3x3 stride-2 convolution over 37 rows: input tiles of 5 rows, output tiles of
     ceil(19/8) = 3 rows, whose windows span 6 input rows, so device j's halo would grow with

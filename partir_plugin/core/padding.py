@@ -53,6 +53,20 @@ def local_extent(n: int, sizes: Sequence[int]) -> int:
     return n
 
 
+def contiguous(n: int, sizes: Sequence[int]) -> bool:
+    """Does tiling `n` over `sizes` level by level give device j (row-major over the axes)
+    rows `[j·s, (j+1)·s)`, s = `local_extent`, with padding only after the last valid row?
+    Only where no level after the first pads: a padded inner level leaves padding at the end
+    of every outer tile, between valid rows (what a window reading its neighbours must not
+    meet)."""
+    n = ceil_div(n, sizes[0]) if sizes else n
+    for k in sizes[1:]:
+        if n % k:
+            return False
+        n //= k
+    return True
+
+
 def is_padded(n: int, sizes: Sequence[int]) -> bool:
     """Does tiling `n` over `sizes` (level by level) leave padding anywhere?"""
     for k in sizes:

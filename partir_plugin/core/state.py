@@ -215,11 +215,9 @@ class PartitionState:
         if not self.allow_padding:
             return False
         if isinstance(entry, HaloEntry):
-            k = self.mesh.axis_size(axis)
-            for a, e in self.nests.get(op, ()):
-                if isinstance(e, HaloEntry) and e.halo == entry.halo:
-                    k *= self.mesh.axis_size(a)
-            return entry.halo.fits(k)
+            sizes = [self.mesh.axis_size(a) for a, e in self.nests.get(op, ())
+                     if isinstance(e, HaloEntry) and e.halo == entry.halo]
+            return entry.halo.fits([*sizes, self.mesh.axis_size(axis)])
         return entry_allows_padding(op, entry)
 
     def tagged(self, name: str) -> list[Value]:

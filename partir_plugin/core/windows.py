@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir.attributes import parse_i64_array, parse_padding
 from ..ir.graph import Op
 from ..ir.padded_scatter import PADDED_SCATTER_OP
-from .padding import ceil_div
+from .padding import ceil_div, contiguous
 from .scan import scan_dims
 from .tmr import Sum, TMREntry
 
@@ -74,9 +75,13 @@ class Halo:
     weight_gradient: bool = False
     tiled: int = 0  # the extent tiled plainly: the output's, or a weight gradient's window's
 
-    def fits(self, k: int) -> bool:
-        """Do k (padded) tiles keep the window geometry: does each tile of the plainly tiled
-        extent map onto one tile of the input, moved by a whole tile?"""
+    def fits(self, sizes: Sequence[int]) -> bool:
+        """Do (padded) tiles over axes of `sizes` keep the window geometry: does each tile of
+        the plainly tiled extent map onto one contiguous tile of the input, moved by a whole
+        tile?"""
+        if not (contiguous(self.size, sizes) and contiguous(self.tiled, sizes)):
+            return False
+        k = math.prod(sizes)
         n, m = ceil_div(self.size, k), ceil_div(self.tiled, k)
         if self.weight_gradient:
             return m * self.window_dilation == n and m > 0
@@ -120,8 +125,12 @@ class ScatterHalo:
 
     operands = (0, 1)  # the image and the source get halos
 
-    def fits(self, k: int) -> bool:
-        """Do k (padded) tiles of source and image keep the window geometry?"""
+    def fits(self, sizes: Sequence[int]) -> bool:
+        """Do (padded) tiles of source and image over axes of `sizes` keep the window
+        geometry (`Halo.fits`)?"""
+        if not (contiguous(self.size, sizes) and contiguous(self.out, sizes)):
+            return False
+        k = math.prod(sizes)
         return (ceil_div(self.out, k) * self.stride == ceil_div(self.size, k)
                 and self.rows(k).one_hop and self.source_rows(k).one_hop)
 
