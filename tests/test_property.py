@@ -478,3 +478,22 @@ def test_uneven_example():
     for schedule in (rows, contraction):
         for grad in (False, True):
             check(recipe, schedule, grad=grad)
+
+
+def test_windows_on_padded_tiles_example():
+    """Windows over 37 rows tiled on two axes: a VALID convolution, a SAME max-pool and a
+    dilated SAME convolution. 'a' then 'b' cuts 37 into 10 then 5 rows, padding only after
+    the last valid row: halos on padded tiles; 'b' then 'a' cuts each half of 19 rows into
+    tiles of 5, padding between valid rows: gathered. Values and gradients."""
+    recipe = Recipe(
+        args=((2, 37, 4), (3, 4, 8)),
+        ops=(("conv", ("a", 0), ("a", 1), 1, "VALID", 1),         # v0: 2x35x8
+             ("unary", "tanh", ("v", 0)),                          # v1: 2x35x8
+             ("window", "max", ("v", 1), 1, 3, 1, "SAME"),         # v2: 2x35x8
+             ("conv", ("a", 0), ("a", 1), 1, "SAME", 2),           # v3: 2x37x8
+             ("reduce", "sum", ("v", 2), 1),                       # v4: 2x8
+             ("reduce", "sum", ("v", 3), 1)),                      # v5: 2x8
+        outputs=(("v", 4), ("v", 5)))
+    for axes in (("a", "b"), ("b", "a")):
+        for grad in (False, True):
+            check(recipe, [TileIfPossible(axis, ((0, 1),)) for axis in axes], grad=grad)
