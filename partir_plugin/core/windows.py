@@ -83,9 +83,9 @@ class Halo:
             return False
         k = math.prod(sizes)
         n, m = ceil_div(self.size, k), ceil_div(self.tiled, k)
-        if self.weight_gradient:
-            return m * self.window_dilation == n and m > 0
-        return m * self.stride == n * self.lhs_dilation and self.rows(k).one_hop
+        ratio = (m * self.window_dilation == n if self.weight_gradient
+                 else m * self.stride == n * self.lhs_dilation)
+        return ratio and self.rows(k).one_hop
 
     def rows(self, k: int) -> HaloRows:
         n = ceil_div(self.size, k)
