@@ -41,9 +41,14 @@ def _rule(text: str) -> ShardyRule | None:
     return parse_rule(text)
 
 
-def _compound(rule: ShardyRule) -> bool:
-    return any(sum(rule.sizes.get(f, 1) > 1 for f in dim) > 1
-               for t in (*rule.operands, *rule.results) for dim in t)
+def compound_dims(op: Op) -> list[tuple[int, int]]:
+    """(value index, dimension) of `op`'s operands then results where its rule makes a
+    dimension of several factors: where propagation may split an axis."""
+    rule = _rule(op.rule) if op.rule else None
+    if rule is None:
+        return []
+    return [(k, d) for k, t in enumerate((*rule.operands, *rule.results))
+            for d, dim in enumerate(t) if sum(rule.sizes.get(f, 1) > 1 for f in dim) > 1]
 
 
 def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
@@ -53,7 +58,7 @@ def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
     if op.rule is None or op.captures or len(op.results) != 1:
         return None
     rule = _rule(op.rule)
-    if rule is None or not _compound(rule) or len(rule.operands) != len(op.operands):
+    if rule is None or not compound_dims(op) or len(rule.operands) != len(op.operands):
         return None
     values = [*op.operands, *op.results]
     tensors: list[Tensor] = [*rule.operands, *rule.results]
