@@ -283,6 +283,9 @@ def test_planner_moves_sub_axes():
     plan = plan_redistribution({"model": 8}, (4, 64), "f32",
                                P("model:(1)4", "model:(4)2"), P(None, "model"))
     assert [type(s).__name__ for s in plan.steps][0] == "AllToAll"
+    # The step moves the major sub-axis and says so (not `model`, which would be all 8).
+    assert plan.steps[0].axes == ("model:(1)4",) and len(plan.steps[0].groups[0]) == 4
+    assert "axes (model:(1)4 = model/1,model/0)" in plan.pretty()
     verify(plan)
     verify(plan_redistribution({"b": 2, "model": 8}, (8, 64), "f32",
                                P("model:(1)4", ("b", "model:(4)2")), P("b", "model")))
@@ -357,3 +360,28 @@ def test_gqa_under_the_megatron_preset():
     gathered = re.findall(r"= f32\[([\d,]+)\][^ ]* all-gather(?:-start)?\(", hlo)
     assert all(s == f"{D},{KV * HD}" for s in gathered), gathered
     assert meta.tactics[-1].collectives["all_to_all"] == 0
+
+
+def test_planned_collectives_over_a_sub_axis_are_labelled_with_it():
+    """An edge the lowering hands to the planner (`[model:(1)4, model:(4)2] -> [-, model]`):
+    the all_to_all it emits runs over `model:(1)4`, and its `partir.axes` mark (what records,
+    traces and the report read) names that sub-axis, with its groups of 4."""
+    from partir_plugin.ir.graph import Block
+    from partir_plugin.ir.types import TensorType
+    from partir_plugin.spmd.collectives import collective_axes, collective_kind
+    from partir_plugin.spmd.layout import Layout
+    from partir_plugin.spmd.lowering import _Emitter, convert
+
+    mesh = Mesh.of({"batch": 2, "model": 8})
+    src, dst = Layout((("model:(1)4",), ("model:(4)2",))), Layout(((), ("model",)))
+    block = Block()
+    em = _Emitter(mesh, block)
+    x = block.add_arg(src.local_type(TensorType((4, 64), "f32"), mesh))
+    y = convert(em, x, src, dst)
+    assert y.type.shape == (4, 8) and em.plans
+    marked = [(str(collective_kind(op)), collective_axes(op), op) for op in block.ops
+              if collective_kind(op)]
+    assert [(k, a) for k, a, _ in marked] == [("all_to_all", ("model:(1)4",)),
+                                               ("all_permute", ("batch", "model"))]
+    groups = re.match(r"dense<(.*?)>", marked[0][2].attributes["replica_groups"]).group(1)
+    assert eval(groups) == mesh.groups(("model:(1)4",))
