@@ -385,3 +385,44 @@ def test_planned_collectives_over_a_sub_axis_are_labelled_with_it():
                                                ("all_permute", ("batch", "model"))]
     groups = re.match(r"dense<(.*?)>", marked[0][2].attributes["replica_groups"]).group(1)
     assert eval(groups) == mesh.groups(("model:(1)4",))
+
+
+# -- splits next to slices --------------------------------------------------------------------
+
+def _scan_over_layers(x):
+    """Each layer reads its slice of a stacked `[L, 256]` (a dynamic slice in the loop body)
+    and splits it `256 -> 4x64`."""
+    def body(carry, i):
+        w = jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+        return carry + jnp.tanh(w.reshape(4, 64)).reshape(256) * carry, None
+    return jax.lax.scan(body, jnp.ones(256), jnp.arange(x.shape[0]))[0]
+
+
+SLICE_CASES = {
+    # a reshape whose operand comes from a slice (of an untiled dimension)
+    "slice then split": lambda x: jnp.tanh(x[1].reshape(4, 64)).reshape(256) + x[0],
+    # ops reading slices of a split value (on the untiled dimension) and a merge
+    "split then slices": lambda x: jnp.tanh((lambda y: y[0] * y[1])(x.reshape(2, 4, 64)))
+    .reshape(256),
+    "split, slice, merge": lambda x: jnp.tanh(x.reshape(2, 4, 64)[0]).reshape(256),
+    "per-layer slices in a scan": _scan_over_layers,
+}
+
+
+@pytest.mark.parametrize("case", list(SLICE_CASES))
+@pytest.mark.parametrize("grad", [False, True])
+def test_splits_next_to_slices_communicate_nothing(case, grad):
+    """`[2, 256]` tiled 8 ways on its 256: slices of the other dimension keep the tiling, so a
+    split before or after them (and its merge) runs on the tiles, values and gradients."""
+    fn = SLICE_CASES[case]
+    if grad:
+        fn = (lambda f: lambda x: jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))(x))(fn)
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(7), (2, 256))) / 2
+    meta, hlo = _check(fn, (x,), [partir.ManualPartition({"x": 1}, axis="model")],
+                       {"model": 8}, rtol=1e-4, atol=1e-5)
+    assert _all_gathers(meta, hlo) == 0
+    assert sum(meta.tactics[-1].collectives.values()) == 0
+    assert meta.out_shardings.spec[-1] == "model"
+    # The split happened: each device holds 1 of the 4 groups, 32 of the 64 (model:(1)4 x
+    # model:(4)2).
+    assert re.search(r"tensor<(\d+x)?1x32xf32>", meta.device_local_stablehlo)
