@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core.mesh import Mesh
+from .core.propagation import propagate
 from .core.scan import ScanEntry
-from .core.splitting import compound_dims, split_loops
+from .core.splitting import compound_dims
 from .core.state import PartitionState
 from .core.subaxis import SubAxis
 from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
@@ -144,34 +145,50 @@ def verify_split(op: Op, split: Split, *, seed: int = 0) -> EntryVerdict:
     return _run([_Probe.of_split(op, split, seed)])[0]
 
 
-def splits_of(op: Op, parts: int) -> list[Split]:
-    """The splits propagation derives (`splitting.split_loops`) for `op` when one of its
-    compound dimensions arrives tiled on an axis of `parts` devices, each once."""
+def splits_of(op: Op, sizes: Sequence[int], registry: TileMappingRegistry) -> list[Split]:
+    """The loop nests propagation gives `op` (`propagate`, with `split_loops` where no entry
+    fits) when one of its compound dimensions arrives tiled on axes of `sizes` devices (major
+    first), where some loop runs over part of an axis or a factor no entry offers alone (the
+    minor factor of a compound dimension), each once. Such a nest runs as a `Split` on one axis
+    whose sub-axes take the loops' places, major first."""
     if op.captures or len(op.results) != 1:
         return []
+    names = [f"e{i}" for i in range(len(sizes))]
+    mesh = Mesh(tuple(zip(names, sizes)))
+    offered = set(registry.entries(op))
     found: dict[Split, None] = {}
     for k, d in compound_dims(op):
         body, env, _ = _probe_inputs(op)
         copy = _copy_op(op, body, env)
-        state = PartitionState(Func("probe", body, list(copy.results)), Mesh((("e", parts),)),
-                               TileMappingRegistry())
+        state = PartitionState(Func("probe", body, list(copy.results)), mesh, registry)
         v = [*copy.operands, *copy.results][k]
-        if state.can_tile(v, d, "e", padding=False) is not None:
-            continue
-        state.tile_value(v, d, "e")
-        pieces = split_loops(state, copy, "e")
-        if pieces is not None and len(pieces) > 1:
-            loops = tuple((state.mesh.axis_size(p.axis), p.entry) for p in pieces)
-            found[Split(loops)] = None
+        if any(state.can_tile(v, d, a, padding=False) is not None
+               or not state.tile_value(v, d, a) for a in names):
+            continue  # the axes do not divide the dimension
+        propagate(state)
+        nest = state.nest_of(copy)
+        covered = {mesh.sub_axis(a).parent: 1 for a in names}
+        for a, _ in nest:
+            covered[mesh.sub_axis(a).parent] *= mesh.axis_size(a)
+        if covered != dict(zip(names, sizes)) or all(
+                a in names and e in offered for a, e in nest):
+            continue  # not looped over every axis, or only with the registry's entries
+        def rank(loop: tuple[str, TMREntry]) -> tuple[int, int]:
+            sub = mesh.sub_axis(loop[0])
+            return names.index(sub.parent), sub.pre
+
+        found[Split(tuple((mesh.axis_size(a), e) for a, e in sorted(nest, key=rank)))] = None
     return list(found)
 
 
 def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Sequence[int] = (2,),
-                    *, batch: int = 8) -> VerificationReport:
+                    *, batch: int = 8, split_meshes: Sequence[Sequence[int]] | None = None
+                    ) -> VerificationReport:
     """Check every entry `registry` gives for each distinct op of `ops` (ops repeated with the
-    same signature, as a model's layers repeat them, are probed once), and every split of an
-    axis of each size in `parts` that propagation derives for it (`splits_of`). Probes run
-    `batch` at a time in one program: compiling costs more than running."""
+    same signature, as a model's layers repeat them, are probed once), and every split that
+    propagation derives for it where its compound dimensions arrive tiled on axes of the
+    sizes of each of `split_meshes` (`splits_of`; default: one axis of each size in `parts`).
+    Probes run `batch` at a time in one program: compiling costs more than running."""
     report = VerificationReport()
     seen: set = set()
     probes: dict[int, list[_Probe]] = {p: [] for p in parts}
@@ -191,9 +208,16 @@ def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Seq
             try:
                 if usable:
                     probes[p].append(_Probe.of_entries(op, usable, p, seed=len(seen)))
-                probes[p] += [_Probe.of_split(op, s, seed=len(seen)) for s in splits_of(op, p)]
             except NotProbeable as e:
                 report.skipped[op.name] = str(e)
+        for sizes in split_meshes if split_meshes is not None else [(p,) for p in parts]:
+            for split in splits_of(op, sizes, registry):
+                try:
+                    probe = _Probe.of_split(op, split, seed=len(seen))
+                except NotProbeable as e:
+                    report.skipped[op.name] = str(e)
+                    continue
+                probes.setdefault(probe.parts, []).append(probe)
     for group in probes.values():
         for i in range(0, len(group), batch):
             report.verdicts += _run(group[i:i + batch])
@@ -461,8 +485,10 @@ def _compare(mesh: Mesh, layouts: Sequence[Layout], whole: list[np.ndarray],
     in `layouts`, or None: each device's tile must be the block of the whole result that
     its layout names, once the partial results of the devices holding it are combined."""
     for j, (layout, want) in enumerate(zip(layouts, whole)):
-        if any(want.shape[d] % mesh.product(axes) for d, axes in enumerate(layout.dims)):
+        counts = [mesh.product(axes) for axes in layout.dims]
+        if any(n % k for n, k in zip(want.shape, counts)):
             return f"result {j}: layout {layout} does not divide shape {want.shape}"
+        extents = [n // k for n, k in zip(want.shape, counts)]
         held: dict[tuple[int, ...], list[np.ndarray]] = {}
         for r, outs in runs:
             held.setdefault(_block_of(mesh, layout, r), []).append(outs[j])
@@ -471,8 +497,7 @@ def _compare(mesh: Mesh, layouts: Sequence[Layout], whole: list[np.ndarray],
             if reductions:
                 (reduction,) = reductions
                 parts = [functools.reduce(_COMBINE[reduction], parts)]
-            index = tuple(slice(b * (n := want.shape[d] // mesh.product(axes)), (b + 1) * n)
-                          for d, (b, axes) in enumerate(zip(block, layout.dims)))
+            index = tuple(slice(b * n, (b + 1) * n) for b, n in zip(block, extents))
             detail = next((d for p in parts if (d := _difference(j, p, want[index]))), None)
             if detail:
                 return detail
