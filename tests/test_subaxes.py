@@ -426,3 +426,55 @@ def test_splits_next_to_slices_communicate_nothing(case, grad):
     # The split happened: each device holds 1 of the 4 groups, 32 of the 64 (model:(1)4 x
     # model:(4)2).
     assert re.search(r"tensor<(\d+x)?1x32xf32>", meta.device_local_stablehlo)
+
+
+# -- a later op that reads a split result in slices ------------------------------------------
+
+MICRO = 2  # microbatches
+
+
+def _accumulated_grads(w, x):
+    """Gradient accumulation: the batch `[16, 32]` as 2 microbatches of 8, scanned, with the
+    gradients of both arguments."""
+    def loss(w, x):
+        def body(total, xb):
+            return total + jnp.sum(jnp.tanh(xb @ w) ** 2), None
+        return jax.lax.scan(body, 0.0, x.reshape(MICRO, -1, x.shape[-1]))[0]
+    return jax.grad(loss, argnums=(0, 1))(w, x)
+
+
+def _accumulate_w(w, x):
+    """The same, accumulating the weight gradient in the scan's carry."""
+    def body(g, xb):
+        return g + jax.grad(lambda w: jnp.sum(jnp.tanh(xb @ w) ** 2))(w), None
+    return jax.lax.scan(body, jnp.zeros_like(w), x.reshape(MICRO, -1, x.shape[-1]))[0]
+
+
+ACCUMULATION_ARGS = (np.asarray(jax.random.normal(jax.random.PRNGKey(8), (32, 4))) / 4,
+                     np.asarray(jax.random.normal(jax.random.PRNGKey(9), (16, 32))))
+
+
+@pytest.mark.parametrize("fn", [_accumulate_w, _accumulated_grads])
+@pytest.mark.parametrize("mesh", [{"batch": 8}, {"batch": 4, "model": 2}])
+def test_microbatch_slices_of_a_split_batch_are_local(fn, mesh):
+    """`x.reshape(2, 8, 32)` with the batch over `batch` splits it into `batch:(1)2` on the
+    microbatches and the rest on the rows, but the scan reads one microbatch per step: tiled so,
+    each step would gather it over `batch:(1)2` and compute each row twice. The reshape's
+    result is redistributed once instead, every microbatch over all of `batch`: no collective
+    inside the loop, each device computes its own rows, one all_reduce of the gradient."""
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch")]
+    if "model" in mesh:
+        schedule.append(partir.ManualPartition({"w": 1}, axis="model"))
+    meta, hlo = _check(fn, ACCUMULATION_ARGS, schedule, mesh, rtol=1e-4, atol=1e-4)
+    text = meta.device_local_stablehlo
+    rows = 16 // MICRO // mesh["batch"]
+    for start in (m.start() for m in re.finditer('"stablehlo.while"', text)):  # each scan
+        loop = text[start:text.index("\n    }) ", start)]  # indented as a top-level op
+        # Nothing moves the microbatches inside (a scalar loss may be all-reduced per step).
+        assert not re.search(r'partir.collective = "all_(gather|to_all|permute)"', loop)
+        assert f"tensor<{MICRO}x{rows}x32xf32>" in loop  # each device: its rows of each one
+    counts = meta.tactics[-1].collectives
+    # The weight gradient: one reduction over the batch. The input gradient's merge back to
+    # `[16, 32]` (its rows tiled on the minor factor) is gathered.
+    assert counts["all_gather"] == (fn is _accumulated_grads) + ("model" in mesh)
+    assert any(r.axes == ("batch",) and r.kind == "all_reduce" for r in meta.tactics[-1].records)
