@@ -38,7 +38,7 @@ Tensor = tuple[tuple[str, ...], ...]  # per dimension, factors major to minor
 @dataclass(frozen=True)
 class Piece:
     """A part of the axis (a sub-axis, or the whole axis) and the factor it tiles. `at`: the
-    dimension of the result it tiles, where that is not the factor's (`placed`)."""
+    dimension of the result it tiles, where that is not the factor's (`_placed`)."""
 
     axis: str
     factor: str
@@ -102,7 +102,8 @@ def _placed(state: PartitionState, op: Op, pieces: list[Piece]) -> list[Piece]:
     result = op.results[0]
     sliced = sliced_dims(state, result)
     dims = [p.entry.results[0] for p in pieces]
-    if not sliced & set(dims) or any(state.dim_of(result, p.axis) is not None for p in pieces):
+    if None in dims or not sliced & set(dims) or any(
+            state.dim_of(result, p.axis) is not None for p in pieces):
         return pieces
     out = list(pieces)
     for i, p in enumerate(pieces):
