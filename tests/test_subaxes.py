@@ -478,3 +478,22 @@ def test_microbatch_slices_of_a_split_batch_are_local(fn, mesh):
     # `[16, 32]` (its rows tiled on the minor factor) is gathered.
     assert counts["all_gather"] == (fn is _accumulated_grads) + ("model" in mesh)
     assert any(r.axes == ("batch",) and r.kind == "all_reduce" for r in meta.tactics[-1].records)
+
+
+def test_static_slices_of_a_split_batch_are_local():
+    """The same with two `slice`s: the microbatches come out tiled on all of `batch` (so the
+    result leaves as `P('batch')`, nothing gathered), and the report calls the one
+    redistribution after the reshape a reshard."""
+    def f(x):
+        mb = x.reshape(MICRO, -1, x.shape[-1])
+        return jnp.tanh(mb[0]) * jnp.tanh(mb[1])
+
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch")]
+    meta, hlo = _check(f, ACCUMULATION_ARGS[1:], schedule, {"batch": 8})
+    assert meta.out_shardings.spec[0] == "batch"
+    assert _all_gathers(meta, hlo) == 0
+    assert {(str(r.kind), r.reason) for r in meta.tactics[-1].records} == {
+        ("all_to_all", "reshard"), ("all_permute", "reshard")}
+    # The gradient (its rows tiled on the minor factor are merged back to [16, 32]).
+    _check(lambda x: jax.grad(lambda x: jnp.sum(f(x)))(x), ACCUMULATION_ARGS[1:], schedule,
+           {"batch": 8})
