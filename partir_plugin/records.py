@@ -22,6 +22,7 @@ from .ir.graph import Op, Value, walk
 from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
 from .simulation import CollectiveCost, SimulationResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
+from .spmd.layout import Layout
 from .spmd.provenance import Conversion
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
@@ -307,6 +308,8 @@ def _reason(conv: Conversion, kind: Collective, axes: tuple[str, ...],
         return Reason.BOUNDARY
     if any((consumer, a) in state.resolved for a in axes):
         return Reason.RESOLVED
+    if _placed_apart(conv, state):
+        return Reason.RESHARD
     if any(_conflict(conv, a, state) for a in axes):
         return Reason.CONFLICT
     if consumer.name in ("stablehlo.while", "stablehlo.case"):
@@ -314,6 +317,16 @@ def _reason(conv: Conversion, kind: Collective, axes: tuple[str, ...],
     if kind is Collective.ALL_GATHER:
         return Reason.GATHER
     return Reason.RESHARD
+
+
+def _placed_apart(conv: Conversion, state: PartitionState) -> bool:
+    """Is the value tiled otherwise than its producer makes it, and wanted as it is tiled (a
+    split result placed for the later ops that read it in slices, `core/splitting.py`)?"""
+    v = conv.value
+    if conv.have.partial or v.producer is None:
+        return False
+    declared = Layout.from_tiles(v.type.rank, state.tiles_of(v), mesh=state.mesh)
+    return conv.want == declared != conv.have
 
 
 def _conflict(conv: Conversion, axis: str, state: PartitionState) -> bool:

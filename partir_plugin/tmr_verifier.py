@@ -13,6 +13,13 @@ Each entry gets a mesh axis of its own, so one probe program holds the whole op 
 per entry: the device whose coordinate is `t` on every axis runs tile `t` of every entry, and
 its partition id is an argument of the probe (a "temporal" loop over t on one device). One
 compile per op, `parts` runs.
+
+The loops propagation derives where an axis splits across a compound dimension
+(`core/splitting.py`: `[256] -> [4, 64]` on 8 devices loops over `model:(1)4` with the entry
+of the major factor and `model:(4)2` with the minor one's) are no TMR entries: an entry alone
+is wrong there (the minor factor's is only true inside the major one's loop). Such a `Split`
+is checked as a whole, on one axis of the probe split into the same sub-axes: each of its
+devices' tiles must be the block of the whole result that the produced layout names.
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core.mesh import Mesh
+from .core.propagation import propagate
 from .core.scan import ScanEntry
+from .core.splitting import compound_dims
 from .core.state import PartitionState
+from .core.subaxis import SubAxis
 from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
 from .core.windows import HaloEntry
 from .ir.graph import Block, Func, Op, Value, clone_region, walk
@@ -49,11 +59,34 @@ _DIVIDING = frozenset({"stablehlo.divide", "stablehlo.remainder"})
 
 
 @dataclass(frozen=True)
+class Split:
+    """Nested loops over parts of one axis, major first, as (part size, entry): how an op runs
+    where an axis of `prod(sizes)` splits across a compound dimension (`core/splitting.py`)."""
+
+    loops: tuple[tuple[int, TMREntry], ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod([n for n, _ in self.loops]))
+
+    def axes(self, axis: str) -> list[str]:
+        """The sub-axes of an `axis` of `size` devices the loops run over, major first."""
+        names, pre = [], 1
+        for n, _ in self.loops:
+            names.append(SubAxis(axis, pre, n).spelling(self.size))
+            pre *= n
+        return names
+
+    def __str__(self) -> str:
+        return " x ".join(f"{a} {e}" for a, (_, e) in zip(self.axes("axis"), self.loops))
+
+
+@dataclass(frozen=True)
 class EntryVerdict:
-    """The check of one entry of one op: `ok`, or what differs (`detail`)."""
+    """The check of one entry (or split) of one op: `ok`, or what differs (`detail`)."""
 
     op_name: str
-    entry: TMREntry
+    entry: TMREntry | Split
     parts: int
     ok: bool
     detail: str = ""
@@ -96,7 +129,7 @@ def verify_op(op: Op, entries: Sequence[TMREntry], parts: int = 2, *, seed: int 
     usable = [e for e in entries if _splits(op, e, parts)]
     halos = [_verify_side_by_side(op, e, parts, seed) for e in usable if _communicates(e)]
     usable = [e for e in usable if not _communicates(e)]
-    return (_run([_Probe(op, usable, parts, seed)]) if usable else []) + halos
+    return (_run([_Probe.of_entries(op, usable, parts, seed)]) if usable else []) + halos
 
 
 def verify_entry(op: Op, entry: TMREntry, parts: int = 2) -> EntryVerdict:
@@ -107,11 +140,55 @@ def verify_entry(op: Op, entry: TMREntry, parts: int = 2) -> EntryVerdict:
     return verdicts[0]
 
 
+def verify_split(op: Op, split: Split, *, seed: int = 0) -> EntryVerdict:
+    """Check `op` run in the nested loops of `split`."""
+    return _run([_Probe.of_split(op, split, seed)])[0]
+
+
+def splits_of(op: Op, sizes: Sequence[int], registry: TileMappingRegistry) -> list[Split]:
+    """The loop nests propagation gives `op` (`propagate`, with `split_loops` where no entry
+    fits) when one of its compound dimensions arrives tiled on axes of `sizes` devices (major
+    first), where some loop runs over part of an axis or a factor no entry offers alone (the
+    minor factor of a compound dimension), each once. Such a nest runs as a `Split` on one axis
+    whose sub-axes take the loops' places, major first."""
+    if op.captures or len(op.results) != 1:
+        return []
+    names = [f"e{i}" for i in range(len(sizes))]
+    mesh = Mesh(tuple(zip(names, sizes)))
+    offered = set(registry.entries(op))
+    found: dict[Split, None] = {}
+    for k, d in compound_dims(op):
+        body, env, _ = _probe_inputs(op)
+        copy = _copy_op(op, body, env)
+        state = PartitionState(Func("probe", body, list(copy.results)), mesh, registry)
+        v = [*copy.operands, *copy.results][k]
+        if any(state.can_tile(v, d, a, padding=False) is not None
+               or not state.tile_value(v, d, a) for a in names):
+            continue  # the axes do not divide the dimension
+        propagate(state)
+        nest = state.nest_of(copy)
+        covered = {mesh.sub_axis(a).parent: 1 for a in names}
+        for a, _ in nest:
+            covered[mesh.sub_axis(a).parent] *= mesh.axis_size(a)
+        if covered != dict(zip(names, sizes)) or all(
+                a in names and e in offered for a, e in nest):
+            continue  # not looped over every axis, or only with the registry's entries
+        def rank(loop: tuple[str, TMREntry]) -> tuple[int, int]:
+            sub = mesh.sub_axis(loop[0])
+            return names.index(sub.parent), sub.pre
+
+        found[Split(tuple((mesh.axis_size(a), e) for a, e in sorted(nest, key=rank)))] = None
+    return list(found)
+
+
 def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Sequence[int] = (2,),
-                    *, batch: int = 8) -> VerificationReport:
+                    *, batch: int = 8, split_meshes: Sequence[Sequence[int]] | None = None
+                    ) -> VerificationReport:
     """Check every entry `registry` gives for each distinct op of `ops` (ops repeated with the
-    same signature, as a model's layers repeat them, are probed once). Probes run `batch` at
-    a time in one program: compiling costs more than running."""
+    same signature, as a model's layers repeat them, are probed once), and every split that
+    propagation derives for it where its compound dimensions arrive tiled on axes of the
+    sizes of each of `split_meshes` (`splits_of`; default: one axis of each size in `parts`).
+    Probes run `batch` at a time in one program: compiling costs more than running."""
     report = VerificationReport()
     seen: set = set()
     probes: dict[int, list[_Probe]] = {p: [] for p in parts}
@@ -128,12 +205,19 @@ def verify_registry(ops: Iterable[Op], registry: TileMappingRegistry, parts: Seq
             report.verdicts += [_verify_side_by_side(op, e, p, len(seen)) for e in usable
                                 if _communicates(e)]
             usable = [e for e in usable if not _communicates(e)]
-            if not usable:
-                continue
             try:
-                probes[p].append(_Probe(op, usable, p, seed=len(seen)))
+                if usable:
+                    probes[p].append(_Probe.of_entries(op, usable, p, seed=len(seen)))
             except NotProbeable as e:
                 report.skipped[op.name] = str(e)
+        for sizes in split_meshes if split_meshes is not None else [(p,) for p in parts]:
+            for split in splits_of(op, sizes, registry):
+                try:
+                    probe = _Probe.of_split(op, split, seed=len(seen))
+                except NotProbeable as e:
+                    report.skipped[op.name] = str(e)
+                    continue
+                probes.setdefault(probe.parts, []).append(probe)
     for group in probes.values():
         for i in range(0, len(group), batch):
             report.verdicts += _run(group[i:i + batch])
@@ -155,12 +239,13 @@ def _run(probes: list[_Probe]) -> list[EntryVerdict]:
     for p in probes:
         n = len(p.op.results)
         whole = tiles[0][offset: offset + n]
-        for i, entry in enumerate(p.entries):
+        for i, item in enumerate(p.items):
             lo = offset + n * (i + 1)
-            detail = _compare(entry, whole, [outs[lo: lo + n] for outs in tiles])
-            verdicts.append(EntryVerdict(p.op.name, entry, parts, detail is None, detail or "",
+            runs = [(p.device_of_tile(t), outs[lo: lo + n]) for t, outs in enumerate(tiles)]
+            detail = _compare(p.mesh, p.layouts[lo - offset: lo - offset + n], whole, runs)
+            verdicts.append(EntryVerdict(p.op.name, item, parts, detail is None, detail or "",
                                          p.op.location))
-        offset += n * (1 + len(p.entries))
+        offset += n * (1 + len(p.items))
     return verdicts
 
 
@@ -206,9 +291,11 @@ def _kept(v: Value) -> bool:
 
 
 class _Probe:
-    """`op` whole plus one copy per entry, each looped on its own mesh axis of `parts`."""
+    """`op` whole plus one copy per item (an entry or a split), each copy looped over its own
+    `loops` on `mesh`, whose axes all have `parts` devices."""
 
-    def __init__(self, op: Op, entries: list[TMREntry], parts: int, seed: int = 0):
+    def __init__(self, op: Op, items: list[TMREntry | Split],
+                 loops: list[list[tuple[str, TMREntry]]], mesh: Mesh, seed: int = 0):
         for v in (*op.inputs, *op.results):
             if not v.type.is_tensor:
                 raise NotProbeable("an operand or result is not a tensor")
@@ -216,23 +303,36 @@ class _Probe:
                 numpy_dtype_of(v.type.element)
             except TypeError as e:
                 raise NotProbeable(str(e)) from None
-        self.op, self.entries, self.parts = op, entries, parts
-        self.mesh = Mesh(tuple((f"e{i}", parts) for i in range(len(entries))))
+        self.op, self.items, self.mesh = op, items, mesh
+        self.parts = mesh.axes[0][1]
         body, env, self.arg_sources = _probe_inputs(op)
-        copies = [self._copy(body, env) for _ in range(1 + len(entries))]
+        copies = [_copy_op(op, body, env) for _ in range(1 + len(items))]
         returns = [r for c in copies for r in c.results]
         func = Func("probe", body, returns)
         state = PartitionState(func, self.mesh, TileMappingRegistry())
-        for i, (copy, entry) in enumerate(zip(copies[1:], entries)):
-            state.add_loop(copy, f"e{i}", entry)
-        self.func = lower_to_spmd(state, as_produced=True).func
+        for copy, nest in zip(copies[1:], loops):
+            for axis, entry in nest:
+                state.add_loop(copy, axis, entry)
+        program = lower_to_spmd(state, as_produced=True)
+        self.func, self.layouts = program.func, program.out_layouts
         if any(count_collectives(self.func.ops).values()):
             raise NotProbeable("its tiles need communication when run alone")
         _partition_id_as_argument(self.func)
         self.inputs = _random_inputs(op, self.arg_sources, seed)
 
-    def _copy(self, body: Block, env: dict[Value, Value]) -> Op:
-        return _copy_op(self.op, body, env)
+    @classmethod
+    def of_entries(cls, op: Op, entries: list[TMREntry], parts: int, seed: int = 0) -> _Probe:
+        """Each entry looped on a mesh axis of its own."""
+        mesh = Mesh(tuple((f"e{i}", parts) for i in range(len(entries))))
+        return cls(op, list(entries), [[(f"e{i}", e)] for i, e in enumerate(entries)], mesh,
+                   seed)
+
+    @classmethod
+    def of_split(cls, op: Op, split: Split, seed: int = 0) -> _Probe:
+        """The split's loops on the sub-axes of one mesh axis."""
+        mesh = Mesh((("e", split.size),))
+        loops = [(a, e) for a, (_, e) in zip(split.axes("e"), split.loops)]
+        return cls(op, [split], [loops], mesh, seed)
 
     def device_of_tile(self, t: int) -> int:
         """The device whose coordinate is `t` on every axis: it runs tile t of every entry."""
@@ -381,19 +481,41 @@ def _random_inputs(op: Op, sources: list[Value], seed: int) -> list[np.ndarray]:
     return out
 
 
-def _compare(entry: TMREntry, whole: list[np.ndarray], tiles: list[list[np.ndarray]]
-             ) -> str | None:
-    """What differs between the whole results and the tiles' results, or None."""
-    for j, action in enumerate(entry.results):
-        parts = [t[j] for t in tiles]
-        if isinstance(action, Sum):
-            combined = functools.reduce(_COMBINE[action.reduction], parts)
-        else:
-            combined = np.concatenate(parts, axis=action)
-        detail = _difference(j, combined, whole[j])
-        if detail:
-            return detail
+def _compare(mesh: Mesh, layouts: Sequence[Layout], whole: list[np.ndarray],
+             runs: list[tuple[int, list[np.ndarray]]]) -> str | None:
+    """What differs between the whole results and the tiles the devices of `runs` produced
+    in `layouts`, or None: each device's tile must be the block of the whole result that
+    its layout names, once the partial results of the devices holding it are combined."""
+    for j, (layout, want) in enumerate(zip(layouts, whole)):
+        counts = [mesh.product(axes) for axes in layout.dims]
+        if any(n % k for n, k in zip(want.shape, counts)):
+            return f"result {j}: layout {layout} does not divide shape {want.shape}"
+        extents = [n // k for n, k in zip(want.shape, counts)]
+        held: dict[tuple[int, ...], list[np.ndarray]] = {}
+        for r, outs in runs:
+            held.setdefault(_block_of(mesh, layout, r), []).append(outs[j])
+        reductions = {reduction for _, reduction in layout.partial}
+        for block, parts in held.items():
+            if reductions:
+                (reduction,) = reductions
+                parts = [functools.reduce(_COMBINE[reduction], parts)]
+            index = tuple(slice(b * n, (b + 1) * n) for b, n in zip(block, extents))
+            detail = next((d for p in parts if (d := _difference(j, p, want[index]))), None)
+            if detail:
+                return detail
     return None
+
+
+def _block_of(mesh: Mesh, layout: Layout, r: int) -> tuple[int, ...]:
+    """The block of a value in `layout` that device `r` holds: per dimension, the device's
+    coordinates along the dimension's axes as one mixed-radix number (major first)."""
+    block = []
+    for axes in layout.dims:
+        b = 0
+        for a in axes:
+            b = b * mesh.axis_size(a) + mesh.coord(r, a)
+        block.append(b)
+    return tuple(block)
 
 
 def _difference(j: int, got: np.ndarray, want: np.ndarray) -> str | None:

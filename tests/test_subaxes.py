@@ -283,6 +283,9 @@ def test_planner_moves_sub_axes():
     plan = plan_redistribution({"model": 8}, (4, 64), "f32",
                                P("model:(1)4", "model:(4)2"), P(None, "model"))
     assert [type(s).__name__ for s in plan.steps][0] == "AllToAll"
+    # The step moves the major sub-axis and says so (not `model`, which would be all 8).
+    assert plan.steps[0].axes == ("model:(1)4",) and len(plan.steps[0].groups[0]) == 4
+    assert "axes (model:(1)4 = model/1,model/0)" in plan.pretty()
     verify(plan)
     verify(plan_redistribution({"b": 2, "model": 8}, (8, 64), "f32",
                                P("model:(1)4", ("b", "model:(4)2")), P("b", "model")))
@@ -357,3 +360,140 @@ def test_gqa_under_the_megatron_preset():
     gathered = re.findall(r"= f32\[([\d,]+)\][^ ]* all-gather(?:-start)?\(", hlo)
     assert all(s == f"{D},{KV * HD}" for s in gathered), gathered
     assert meta.tactics[-1].collectives["all_to_all"] == 0
+
+
+def test_planned_collectives_over_a_sub_axis_are_labelled_with_it():
+    """An edge the lowering hands to the planner (`[model:(1)4, model:(4)2] -> [-, model]`):
+    the all_to_all it emits runs over `model:(1)4`, and its `partir.axes` mark (what records,
+    traces and the report read) names that sub-axis, with its groups of 4."""
+    from partir_plugin.ir.graph import Block
+    from partir_plugin.ir.types import TensorType
+    from partir_plugin.spmd.collectives import collective_axes, collective_kind
+    from partir_plugin.spmd.layout import Layout
+    from partir_plugin.spmd.lowering import _Emitter, convert
+
+    mesh = Mesh.of({"batch": 2, "model": 8})
+    src, dst = Layout((("model:(1)4",), ("model:(4)2",))), Layout(((), ("model",)))
+    block = Block()
+    em = _Emitter(mesh, block)
+    x = block.add_arg(src.local_type(TensorType((4, 64), "f32"), mesh))
+    y = convert(em, x, src, dst)
+    assert y.type.shape == (4, 8) and em.plans
+    marked = [(str(collective_kind(op)), collective_axes(op), op) for op in block.ops
+              if collective_kind(op)]
+    assert [(k, a) for k, a, _ in marked] == [("all_to_all", ("model:(1)4",)),
+                                               ("all_permute", ("batch", "model"))]
+    groups = re.match(r"dense<(.*?)>", marked[0][2].attributes["replica_groups"]).group(1)
+    assert eval(groups) == mesh.groups(("model:(1)4",))
+
+
+# -- splits next to slices --------------------------------------------------------------------
+
+def _scan_over_layers(x):
+    """Each layer reads its slice of a stacked `[L, 256]` (a dynamic slice in the loop body)
+    and splits it `256 -> 4x64`."""
+    def body(carry, i):
+        w = jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+        return carry + jnp.tanh(w.reshape(4, 64)).reshape(256) * carry, None
+    return jax.lax.scan(body, jnp.ones(256), jnp.arange(x.shape[0]))[0]
+
+
+SLICE_CASES = {
+    # a reshape whose operand comes from a slice (of an untiled dimension)
+    "slice then split": lambda x: jnp.tanh(x[1].reshape(4, 64)).reshape(256) + x[0],
+    # ops reading slices of a split value (on the untiled dimension) and a merge
+    "split then slices": lambda x: jnp.tanh((lambda y: y[0] * y[1])(x.reshape(2, 4, 64)))
+    .reshape(256),
+    "split, slice, merge": lambda x: jnp.tanh(x.reshape(2, 4, 64)[0]).reshape(256),
+    "per-layer slices in a scan": _scan_over_layers,
+}
+
+
+@pytest.mark.parametrize("case", list(SLICE_CASES))
+@pytest.mark.parametrize("grad", [False, True])
+def test_splits_next_to_slices_communicate_nothing(case, grad):
+    """`[2, 256]` tiled 8 ways on its 256: slices of the other dimension keep the tiling, so a
+    split before or after them (and its merge) runs on the tiles, values and gradients."""
+    fn = SLICE_CASES[case]
+    if grad:
+        fn = (lambda f: lambda x: jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))(x))(fn)
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(7), (2, 256))) / 2
+    meta, hlo = _check(fn, (x,), [partir.ManualPartition({"x": 1}, axis="model")],
+                       {"model": 8}, rtol=1e-4, atol=1e-5)
+    assert _all_gathers(meta, hlo) == 0
+    assert sum(meta.tactics[-1].collectives.values()) == 0
+    assert meta.out_shardings.spec[-1] == "model"
+    # The split happened: each device holds 1 of the 4 groups, 32 of the 64 (model:(1)4 x
+    # model:(4)2).
+    assert re.search(r"tensor<(\d+x)?1x32xf32>", meta.device_local_stablehlo)
+
+
+# -- a later op that reads a split result in slices ------------------------------------------
+
+MICRO = 2  # microbatches
+
+
+def _accumulated_grads(w, x):
+    """Gradient accumulation: the batch `[16, 32]` as 2 microbatches of 8, scanned, with the
+    gradients of both arguments."""
+    def loss(w, x):
+        def body(total, xb):
+            return total + jnp.sum(jnp.tanh(xb @ w) ** 2), None
+        return jax.lax.scan(body, 0.0, x.reshape(MICRO, -1, x.shape[-1]))[0]
+    return jax.grad(loss, argnums=(0, 1))(w, x)
+
+
+def _accumulate_w(w, x):
+    """The same, accumulating the weight gradient in the scan's carry."""
+    def body(g, xb):
+        return g + jax.grad(lambda w: jnp.sum(jnp.tanh(xb @ w) ** 2))(w), None
+    return jax.lax.scan(body, jnp.zeros_like(w), x.reshape(MICRO, -1, x.shape[-1]))[0]
+
+
+ACCUMULATION_ARGS = (np.asarray(jax.random.normal(jax.random.PRNGKey(8), (32, 4))) / 4,
+                     np.asarray(jax.random.normal(jax.random.PRNGKey(9), (16, 32))))
+
+
+@pytest.mark.parametrize("fn", [_accumulate_w, _accumulated_grads])
+@pytest.mark.parametrize("mesh", [{"batch": 8}, {"batch": 4, "model": 2}])
+def test_microbatch_slices_of_a_split_batch_are_local(fn, mesh):
+    """`x.reshape(2, 8, 32)` with the batch over `batch` splits it into `batch:(1)2` on the
+    microbatches and the rest on the rows, but the scan reads one microbatch per step: tiled so,
+    each step would gather it over `batch:(1)2` and compute each row twice. The reshape's
+    result is redistributed once instead, every microbatch over all of `batch`: no collective
+    inside the loop, each device computes its own rows, one all_reduce of the gradient."""
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch")]
+    if "model" in mesh:
+        schedule.append(partir.ManualPartition({"w": 1}, axis="model"))
+    meta, hlo = _check(fn, ACCUMULATION_ARGS, schedule, mesh, rtol=1e-4, atol=1e-4)
+    text = meta.device_local_stablehlo
+    rows = 16 // MICRO // mesh["batch"]
+    for start in (m.start() for m in re.finditer('"stablehlo.while"', text)):  # each scan
+        loop = text[start:text.index("\n    }) ", start)]  # indented as a top-level op
+        # Nothing moves the microbatches inside (a scalar loss may be all-reduced per step).
+        assert not re.search(r'partir.collective = "all_(gather|to_all|permute)"', loop)
+        assert f"tensor<{MICRO}x{rows}x32xf32>" in loop  # each device: its rows of each one
+    counts = meta.tactics[-1].collectives
+    # The weight gradient: one reduction over the batch. The input gradient's merge back to
+    # `[16, 32]` (its rows tiled on the minor factor) is gathered.
+    assert counts["all_gather"] == (fn is _accumulated_grads) + ("model" in mesh)
+    assert any(r.axes == ("batch",) and r.kind == "all_reduce" for r in meta.tactics[-1].records)
+
+
+def test_static_slices_of_a_split_batch_are_local():
+    """The same with two `slice`s: the microbatches come out tiled on all of `batch` (so the
+    result leaves as `P('batch')`, nothing gathered), and the report calls the one
+    redistribution after the reshape a reshard."""
+    def f(x):
+        mb = x.reshape(MICRO, -1, x.shape[-1])
+        return jnp.tanh(mb[0]) * jnp.tanh(mb[1])
+
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch")]
+    meta, hlo = _check(f, ACCUMULATION_ARGS[1:], schedule, {"batch": 8})
+    assert meta.out_shardings.spec[0] == "batch"
+    assert _all_gathers(meta, hlo) == 0
+    assert {(str(r.kind), r.reason) for r in meta.tactics[-1].records} == {
+        ("all_to_all", "reshard"), ("all_permute", "reshard")}
+    # The gradient (its rows tiled on the minor factor are merged back to [16, 32]).
+    _check(lambda x: jax.grad(lambda x: jnp.sum(f(x)))(x), ACCUMULATION_ARGS[1:], schedule,
+           {"batch": 8})

@@ -25,7 +25,7 @@ from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.kernel import default_registry
 from partir_plugin.models import gns, inference_transformer, mlp, moe, transformer, unet
-from partir_plugin.tmr_verifier import verify_op
+from partir_plugin.tmr_verifier import Split, splits_of, verify_op, verify_split
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +133,61 @@ def test_a_wrong_sum_reduction_is_caught():
     x, w = jnp.ones((4, 8)), jnp.ones((8, 2))
     report = verify_registry(_ops(lambda a, b: a @ b, x, w), registry)
     assert len(report.wrong) == 1 and "sum<max>" in str(report.wrong[0])
+
+
+# -- splits of an axis across a compound dimension (`core/splitting.py`) --------------------
+
+def _reshape_ops(fn, shape):
+    """The reshapes of `fn` and of its gradient (a reshape's transpose is the inverse one)."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+    ops = _ops(jax.value_and_grad(lambda x: jnp.sum(jnp.sin(fn(x)))), x)
+    return [op for op in ops if op.name == "stablehlo.reshape"]
+
+
+# (name, fn, operand shape, meshes (axis sizes, major first) whose axes tile the compound
+# dimension and split)
+RESHAPES = [
+    ("16->4x4", lambda x: x.reshape(4, 4), (16,), [(8,), (2, 4), (2, 2, 2)]),
+    ("256->4x64", lambda x: x.reshape(4, 64), (256,), [(8,), (2, 4)]),
+    ("16->2x8", lambda x: x.reshape(2, 8), (16,), [(4,), (8,)]),
+    # an axis of 4 on the major factor, one of 2 on the minor factor alone
+    ("minor factor 16->4x4", lambda x: x.reshape(4, 4), (16,), [(4, 2)]),
+    ("GQA [B,S,H*D]->[B,S,H,D], H=2", lambda x: x.reshape(2, 3, 2, 16), (2, 3, 32),
+     [(4,), (8,)]),
+    ("GQA queries [B,S,8*16]->[B,S,2,4,16]", lambda x: x.reshape(2, 8, 2, 4, 16),
+     (2, 8, 128), [(4,), (8,), (2, 2)]),
+    ("merge 4x64->256", lambda x: x.reshape(256), (4, 64), [(8,), (4, 2)]),
+    ("merge [B,S,2,16]->[B,S,32]", lambda x: x.reshape(2, 3, 32), (2, 3, 2, 16), [(4,), (8,)]),
+    ("merge of three 2x2x4->16", lambda x: x.reshape(16), (2, 2, 4), [(4,), (8,)]),
+]
+
+
+@pytest.mark.parametrize("case", RESHAPES, ids=[c[0] for c in RESHAPES])
+def test_every_split_of_the_reshape_table_is_true(case, registry):
+    """Each mesh splits an axis across the compound dimension (or runs a factor no entry
+    offers alone) in the forward and gradient reshapes; every nest propagation derives, run
+    on the sub-axes of one axis in its loops' places, gives the op's blocks."""
+    _, fn, shape, meshes = case
+    ops = _reshape_ops(fn, shape)
+    for sizes in meshes:
+        assert any(splits_of(op, sizes, registry) for op in ops), f"nothing splits on {sizes}"
+    report = verify_registry(ops, registry, parts=(2, 4), split_meshes=meshes)
+    assert sum(isinstance(v.entry, Split) for v in report.verdicts) >= len(meshes)
+    _assert_none_wrong(report)
+
+
+def test_a_deliberately_wrong_split_is_caught(registry):
+    """`16 -> 4x4` on 8 devices: `model:(1)4` on the major factor, `model:(4)2` on the minor.
+    The minor factor's entry alone, or the loops in the other order, give wrong blocks."""
+    (op,) = [op for op in _reshape_ops(lambda x: x.reshape(4, 4), (16,))
+             if op.results[0].type.shape == (4, 4)]
+    (split,) = splits_of(op, (8,), registry)
+    major, minor = split.loops
+    assert major == (4, TMREntry((0,), (0,), 4)) and minor == (2, TMREntry((0,), (1,), 4))
+    assert str(split) == "axis:(1)4 (tile<0>) -> (tile<0>) x axis:(4)2 (tile<0>) -> (tile<1>)"
+    assert verify_split(op, split).ok
+    swapped = verify_split(op, Split(((2, minor[1]), (4, major[1]))))
+    assert not swapped.ok and "largest difference" in swapped.detail
+    # What the TMR never offers, for this reason: the minor factor's entry on a whole axis.
+    assert minor[1] not in registry.entries(op)
+    assert not verify_entry(op, minor[1], 2).ok

@@ -10,7 +10,7 @@ import heapq
 
 from ..ir.graph import PARTITIONED_REGIONS, TERMINATORS, Op, Value, partitionable_ops
 from .resolution import resolve
-from .splitting import Piece, split_loops
+from .splitting import Piece, result_tiles, split_loops
 from .state import PartitionState
 from .tmr import Sum, TMREntry
 
@@ -135,6 +135,9 @@ def _split(state: PartitionState, op: Op, pieces: list[Piece]) -> list[Value]:
         for v, d in zip(op.inputs, p.entry.operands):
             if d is not None:
                 changed += state.tile_value(v, d, p.axis)
+    if any(p.at is not None for p in pieces):  # the result tiled apart from the loops
+        for axis, d in result_tiles(pieces):
+            changed += state.tile_value(op.results[0], d, axis)
     for p in pieces:
         changed += state.add_loop(op, p.axis, p.entry)
     changed.extend(v for v, d in zip(op.inputs, pieces[0].entry.operands)

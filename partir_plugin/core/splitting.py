@@ -11,14 +11,22 @@ dimension's major factor has an entry) would stop propagation and gather.
 
 Axes already tiling the dimension (more major than the new one) have used up its major
 factors first: the new axis starts where they stop, as Shardy assigns axes to factors.
+
+A later op may read the result in slices along a major factor's dimension: a scan over
+microbatches, `x.reshape(2, 8, d)` with the batch over 8 devices, reads one `[8, d]` per
+step. Tiled on `batch:(1)2` there, every slice is held by half the devices, and the scan would
+gather it at each step and compute each row twice. The result is then tiled with that part on
+the next factor's dimension instead, in its place among the parts of the axis
+(`[2, 8{batch}, d]`): the reshape still runs on its tiles and the lowering redistributes its
+result once, after it, so each slice is read locally.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..ir.graph import Op
+from ..ir.graph import Op, Value
 from .shardy_rules import ShardyRule, parse_rule
 from .state import PartitionState
 from .subaxis import SubAxis
@@ -29,11 +37,13 @@ Tensor = tuple[tuple[str, ...], ...]  # per dimension, factors major to minor
 
 @dataclass(frozen=True)
 class Piece:
-    """A part of the axis (a sub-axis, or the whole axis) and the factor it tiles."""
+    """A part of the axis (a sub-axis, or the whole axis) and the factor it tiles. `at`: the
+    dimension of the result it tiles, where that is not the factor's (`_placed`)."""
 
     axis: str
     factor: str
     entry: TMREntry
+    at: int | None = None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -41,9 +51,14 @@ def _rule(text: str) -> ShardyRule | None:
     return parse_rule(text)
 
 
-def _compound(rule: ShardyRule) -> bool:
-    return any(sum(rule.sizes.get(f, 1) > 1 for f in dim) > 1
-               for t in (*rule.operands, *rule.results) for dim in t)
+def compound_dims(op: Op) -> list[tuple[int, int]]:
+    """(value index, dimension) of `op`'s operands then results where its rule makes a
+    dimension of several factors: where propagation may split an axis."""
+    rule = _rule(op.rule) if op.rule else None
+    if rule is None:
+        return []
+    return [(k, d) for k, t in enumerate((*rule.operands, *rule.results))
+            for d, dim in enumerate(t) if sum(rule.sizes.get(f, 1) > 1 for f in dim) > 1]
 
 
 def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
@@ -53,7 +68,7 @@ def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
     if op.rule is None or op.captures or len(op.results) != 1:
         return None
     rule = _rule(op.rule)
-    if rule is None or not _compound(rule) or len(rule.operands) != len(op.operands):
+    if rule is None or not compound_dims(op) or len(rule.operands) != len(op.operands):
         return None
     values = [*op.operands, *op.results]
     tensors: list[Tensor] = [*rule.operands, *rule.results]
@@ -78,7 +93,64 @@ def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
         pieces.append(Piece(name, factor, entry))
     if not _consistent(state, op, axis, pieces, values, tensors, rule):
         return None
-    return pieces
+    return _placed(state, op, pieces)
+
+
+def _placed(state: PartitionState, op: Op, pieces: list[Piece]) -> list[Piece]:
+    """`pieces`, those whose result dimension every later op reads in slices moved to the
+    dimension of the next piece that is not (module docstring), where it divides."""
+    result = op.results[0]
+    sliced = sliced_dims(state, result)
+    dims = [p.entry.results[0] for p in pieces]
+    if None in dims or not sliced & set(dims) or any(
+            state.dim_of(result, p.axis) is not None for p in pieces):
+        return pieces
+    out = list(pieces)
+    for i, p in enumerate(pieces):
+        target = next((d for d in dims[i + 1:] if d not in sliced), None)
+        if dims[i] not in sliced or target is None:
+            continue
+        on_target = [*state.axes_on(result, target), p.axis,
+                     *(a for a, d in result_tiles(out) if d == target)]
+        if result.type.shape[target] % state.mesh.product(on_target) == 0:
+            out[i] = replace(p, at=target)
+    return out
+
+
+def result_tiles(pieces: list[Piece]) -> list[tuple[str, int]]:
+    """How the pieces tile the result, (axis, dim), major first: a moved piece keeps its place
+    among the parts of the axis, so `batch:(1)2` moved onto the dimension of `batch:(2)4`
+    tiles it with it as `batch` again."""
+    return [(p.axis, p.entry.results[0] if p.at is None else p.at) for p in pieces]
+
+
+def sliced_dims(state: PartitionState, v: Value, passed: tuple[Op, int] | None = None
+                ) -> set[int]:
+    """The dimensions along which every later op reads `v` only in slices (`slice`,
+    `dynamic_slice`, or a `while` that passes it through its body unchanged, reading it there
+    in slices: a scan's `xs`); empty where some op reads it otherwise. `passed`: the use that
+    passes `v` on unchanged (a body's terminator)."""
+    dims: set[int] | None = None
+    for user, i in state.users.get(v, ()):
+        if passed is not None and user is passed[0] and i == passed[1]:
+            continue
+        if user is None:
+            return set()
+        if user.name in ("stablehlo.slice", "stablehlo.dynamic_slice") and i == 0:
+            here = {d for d, (a, b) in enumerate(zip(v.type.shape, user.results[0].type.shape))
+                    if b < a}
+        elif user.name == "stablehlo.while":
+            cond, body = (r.blocks[0] for r in user.regions)
+            arg = body.args[i]
+            if state.users.get(cond.args[i]) or body.ops[-1].operands[i] is not arg:
+                return set()
+            here = sliced_dims(state, arg, passed=(body.ops[-1], i))
+        else:
+            return set()
+        dims = here if dims is None else dims & here
+        if not dims:
+            return set()
+    return dims or set()
 
 
 def _axes_before(state: PartitionState, v, dim: int, axis: str) -> list[str]:

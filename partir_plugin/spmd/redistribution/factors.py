@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from math import prod
 
 from ...core.mesh import Mesh
+from ...core.subaxis import SubAxis
 from ...errors import PartitionError
 
 
@@ -100,7 +101,23 @@ class FactorMesh:
     def label(self, f: int) -> str:
         return self.factors[f].label
 
-    def mesh_axes(self, factor_ids) -> tuple[str, ...]:
-        """The mesh axes that `factor_ids` come from, in mesh order."""
-        wanted = {self.factors[f].axis for f in factor_ids}
-        return tuple(n for n in self.mesh.names if n in wanted)
+    def axes_of(self, factor_ids) -> tuple[str, ...]:
+        """The mesh axes or sub-axes that `factor_ids` make up, in mesh order, spelt as Shardy
+        spells them (`core/subaxis.py`): a collective over the factors `(model/0, model/1)`
+        of `{model: 8}` runs over `model:(1)4`, not all of `model`, and its records say so.
+        Factors of one axis that are not adjacent are separate sub-axes."""
+        wanted = set(factor_ids)
+        out: list[str] = []
+        for name, ids in self.by_axis:
+            pre, run = 1, 1  # the part of the axis above the current run, the run's size
+            for f in ids:
+                size = self.factors[f].size
+                if f in wanted:
+                    run *= size
+                    continue
+                if run > 1:
+                    out.append(self.mesh.spelling(SubAxis(name, pre, run)))
+                pre, run = pre * run * size, 1
+            if run > 1:
+                out.append(self.mesh.spelling(SubAxis(name, pre, run)))
+        return tuple(out)

@@ -78,7 +78,7 @@ def _apply(
 ) -> tuple[_State, Step]:
     fm, ty, sizes = state.ty.fmesh, state.ty, state.ty.fmesh.sizes()
     common = dict(
-        axes=fm.mesh_axes(axes),
+        axes=fm.axes_of(axes),
         factor_axes=tuple(fm.label(f) for f in axes),
         bytes_per_device=ws.cost * itemsize,
         in_local_shape=ws.before,

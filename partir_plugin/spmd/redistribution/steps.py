@@ -3,9 +3,10 @@
 Each step carries everything needed to emit it without knowing about factor axes: replica
 groups (each ordered as the concatenation / chunk order), slice indices, or permutation
 pairs, all in replica ids (row-major over the mesh axes, like `Mesh.devices.flat`).
-`axes` names the mesh axes whose (factor) coordinates the step's groups were derived from
-and `dims` the array dimensions it touches; `in_type`/`out_type` are the paper types (over
-factor axes) under the logical device map, kept for checking and printing.
+`axes` names the mesh axes or sub-axes (`model:(1)4`) whose factor coordinates the step's
+groups were derived from, and `dims` the array dimensions it touches; `in_type`/`out_type` are
+the paper types (over factor axes) under the logical device map, kept for checking and
+printing.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ class AllPermute(Step):
 
 
 def describe(step: Step) -> str:
-    """One line: kind, axes and the collective's parameters."""
-    axes = ",".join(step.factor_axes) or "-"
+    """One line: kind, axes (mesh axes or sub-axes as the records name them, and the factor
+    axes of the types below where they differ) and the collective's parameters."""
+    axes, factors = ",".join(step.axes), ",".join(step.factor_axes)
+    axes = "-" if not factors else axes if axes == factors else f"{axes} = {factors}"
     if isinstance(step, AllGather):
         what = f"dim {step.dim}, groups of {len(step.groups[0])}"
     elif isinstance(step, AllToAll):
