@@ -63,12 +63,25 @@ def _dims(conv: Op) -> tuple[list[str], list[str]] | None:
     return [c.strip() for c in m.group(1).split(",")], [c.strip() for c in m.group(2).split(",")]
 
 
-def _edges(pad: Op) -> tuple[list[int], list[int]] | None:
+def _pad_widths(pad: Op) -> tuple[list[int], list[int], list[int]]:
+    """A pad's low edges, high edges and interior padding, per dimension."""
     rank = pad.operands[0].type.rank
     low, high, interior = (parse_i64_array(pad.attributes.get(k, "")) or [0] * rank
                            for k in ("edge_padding_low", "edge_padding_high",
                                      "interior_padding"))
+    return low, high, interior
+
+
+def _edges(pad: Op) -> tuple[list[int], list[int]] | None:
+    low, high, interior = _pad_widths(pad)
     return None if any(interior) else (low, high)
+
+
+def _read_past(op: Op, pad: Op, uses: dict[Value, int]) -> None:
+    """Make `op` read the pad's operand where it read the pad (operand 0)."""
+    uses[op.operands[0]] -= 1
+    op.operands[0] = pad.operands[0]
+    uses[pad.operands[0]] = uses.get(pad.operands[0], 0) + 1
 
 
 def _fold_input_pad(conv: Op, uses: dict[Value, int]) -> bool:
@@ -84,9 +97,7 @@ def _fold_input_pad(conv: Op, uses: dict[Value, int]) -> bool:
     if pads is None:
         return False
     conv.attributes["padding"] = format_padding(pads)
-    uses[conv.operands[0]] -= 1
-    conv.operands[0] = pad.operands[0]
-    uses[pad.operands[0]] = uses.get(pad.operands[0], 0) + 1
+    _read_past(conv, pad, uses)
     return True
 
 
@@ -97,9 +108,7 @@ def _fold_into_reduce_window(op: Op, uses: dict[Value, int]) -> bool:
         return False
     rank = op.operands[0].type.rank
     base = parse_i64_array(op.attributes.get("base_dilations", "")) or [1] * rank
-    low, high, interior = (parse_i64_array(pad.attributes.get(k, "")) or [0] * rank
-                           for k in ("edge_padding_low", "edge_padding_high",
-                                     "interior_padding"))
+    low, high, interior = _pad_widths(pad)
     if any(b != 1 for b in base) or min(low + high) < 0:
         return False  # holes of holes, or a crop: not the op's padding
     pads = parse_padding(op.attributes.get("padding", ""), rank)
@@ -107,9 +116,7 @@ def _fold_into_reduce_window(op: Op, uses: dict[Value, int]) -> bool:
                                                for p, lo, hi in zip(pads, low, high)])
     if any(interior):
         op.attributes["base_dilations"] = i64_array([i + 1 for i in interior])
-    uses[op.operands[0]] -= 1
-    op.operands[0] = pad.operands[0]
-    uses[pad.operands[0]] = uses.get(pad.operands[0], 0) + 1
+    _read_past(op, pad, uses)
     return True
 
 
