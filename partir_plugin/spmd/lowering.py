@@ -750,7 +750,7 @@ class _Lowering:
             layout = self.declared(tagged)
             self.local[tagged] = (self.use(op.operands[0], layout), layout)
             return
-        nest = tuple(self.state.nest_of(op))
+        nest = self.state.nest_of(op)
         wanted = self.cache.wanted.get((op, nest)) if self.cache is not None else None
         if wanted is None:
             wanted = []
