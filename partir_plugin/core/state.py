@@ -73,6 +73,9 @@ class PartitionState:
 
     def __post_init__(self):
         self.users = users_of(self.func)
+        # Value -> the ops reading it and its producer: propagation wakes them after every
+        # change of the value's tiling. Derived from `users` on first use, shared by copies.
+        self._neighbours: dict[Value, list[Op]] = {}
         # Program order, regions included: propagation's worklist hands ops out in it.
         self.position = {op: i for i, op in enumerate(partitionable_ops(self.func.ops))}
         self.tags = {**self.func.tags, **self.tags}
@@ -116,6 +119,16 @@ class PartitionState:
             if a == axis:
                 return d
         return None
+
+    def neighbours(self, v: Value) -> list[Op]:
+        """The ops reading `v` (among `partitionable_ops`) and the op producing it."""
+        ops = self._neighbours.get(v)
+        if ops is None:
+            ops = [u for u, _ in self.users.get(v, ()) if u is not None]
+            if v.producer is not None:
+                ops.append(v.producer)
+            self._neighbours[v] = ops
+        return ops
 
     def nest_of(self, op: Op) -> tuple[tuple[str, TMREntry], ...]:
         return self.nests.get(op, ())
