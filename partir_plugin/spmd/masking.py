@@ -64,7 +64,7 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     """The masks the lowering puts before `op` in loop nest `nest`: each operand a Sum entry
     slices on a dimension that its tiling (by every axis of the nest) pads."""
     found: dict[tuple[int, int], Mask] = {}
-    lookup = lookup_dim(op)
+    lookup = -1  # not asked yet: most nests sum nothing, and the lowering asks every op
     for _, entry in nest:
         # A scan reads its padding into the rows after it (reversed: before it) as a
         # reduction reads it into its result.
@@ -72,6 +72,8 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
                 else [r for r in entry.results if isinstance(r, Sum)])
         if not sums:
             continue
+        if lookup == -1:
+            lookup = lookup_dim(op)
         for i, v in enumerate(op.operands):
             d = entry.operands[i]
             if d is None or (i, d) in found or (i == 0 and d == lookup):
