@@ -63,12 +63,12 @@ def test_state_copy_is_independent(large_traced):
     x = next(lf for lf in large_traced.leaves if lf.qualified == "batch/x").value
     state.tile_value(x, 0, "batch")
     propagate(state)
-    before = {v: list(t) for v, t in state.tiling.items()}
-    nests = {op: list(n) for op, n in state.nests.items()}
+    before = dict(state.tiling)
+    nests = dict(state.nests)
     copy = state.copy()
     w = next(lf for lf in large_traced.leaves if lf.qualified == "params/Dense_0/kernel").value
     copy.tile_value(w, 1, "batch")
-    copy.tiling[x].append(("other", 1))
+    copy.tiling[x] += (("other", 1),)
     propagate(copy)
     assert state.tiling == before and state.nests == nests
     assert copy.dim_of(w, "batch") == 1 and state.dim_of(w, "batch") is None

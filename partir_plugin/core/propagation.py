@@ -77,19 +77,26 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
             state.record_unsupported(op, axis)
         return []
 
-    def matches(e: TMREntry) -> tuple[bool, bool]:
-        ok_all, ok_any = True, False
-        for want, got in zip(e.operands, ins):
-            if got is not None:
-                ok_all &= want == got
-                ok_any |= want == got
-        for want, got in zip(e.results, outs):
-            if got is not None:
-                ok_all &= want == got
-                ok_any |= want == got
-        return ok_all, ok_any
-
     if hard:
+        # Only the inputs and results tiled on the axis constrain the entry (usually one).
+        known_ins = [(i, d) for i, d in enumerate(ins) if d is not None]
+        known_outs = [(j, d) for j, d in enumerate(outs) if d is not None]
+
+        def matches(e: TMREntry) -> tuple[bool, bool]:
+            ok_all, ok_any = True, False
+            operands, results = e.operands, e.results
+            for i, got in known_ins:
+                if operands[i] == got:
+                    ok_any = True
+                else:
+                    ok_all = False
+            for j, got in known_outs:
+                if results[j] == got:
+                    ok_any = True
+                else:
+                    ok_all = False
+            return ok_all, ok_any
+
         scored = [(e, *matches(e)) for e in entries]
         candidates = [e for e, ok_all, _ in scored if ok_all and _fits(state, op, axis, e)]
         partial = [e for e, ok_all, ok_any in scored if ok_any and not ok_all]
@@ -174,7 +181,7 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
     if seeds is None:
         ops = partitionable_ops(state.func.ops)
     else:
-        ops = [n for v in seeds for n in _neighbours(state, v)]
+        ops = [n for v in seeds for n in state.neighbours(v)]
     # A pair whose op already loops over the axis (or a part of it) is never queued: its
     # step would do nothing, and loops are only ever added (two thirds of the pairs a
     # schedule wakes on the decoder and the MoE).
@@ -191,16 +198,10 @@ def propagate(state: PartitionState, seeds: list[Value] | None = None) -> None:
         for v in changed:
             # The axis, or the parts of it a split tiled `v` on (or the axis they fold to).
             woken = {axis, *(a for a, _ in state.tiling.get(v, ()) if overlaps(a, axis))}
-            for n in _neighbours(state, v):
+            for n in state.neighbours(v):
                 for a in axes:
                     if ((a in woken or stopped_at(n, a)) and (n, a) not in queued
                             and not in_loop(n, a)):
                         queued.add((n, a))
                         heapq.heappush(queue, (position[n], rank(a), n, a))
 
-
-def _neighbours(state: PartitionState, v: Value) -> list[Op]:
-    ops = [u for u, _ in state.users.get(v, ()) if u is not None]
-    if v.producer is not None:
-        ops.append(v.producer)
-    return ops

@@ -1,9 +1,12 @@
 """PartIR:Core state: loop nests per op and distributed types per value (paper 1 §5, app. B).
 
-Loops are not literal IR ops here. Each op records its loop nest, an ordered list of
-`(axis, TMR entry)` (outer loop first); each value records its tiling, an ordered list of
+Loops are not literal IR ops here. Each op records its loop nest, an ordered tuple of
+`(axis, TMR entry)` (outer loop first); each value records its tiling, an ordered tuple of
 `(axis, dim)` (the value-tiling loops around it, outer first, so within a dimension the
 earlier axis is the major one). Actions only ever append: nothing undoes an earlier tactic.
+Nests and tilings are immutable tuples, replaced when a loop is added, so a copy of the state
+shares them (`copy`: the schedule keeps one after every tactic) and Python's cyclic GC skips
+the tilings (tuples of strings and ints) after its first look.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ class PartitionState:
     func: Func
     mesh: Mesh
     registry: TileMappingRegistry
-    tiling: dict[Value, list[tuple[str, int]]] = field(default_factory=dict)
-    nests: dict[Op, list[tuple[str, TMREntry]]] = field(default_factory=dict)
+    tiling: dict[Value, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    nests: dict[Op, tuple[tuple[str, TMREntry], ...]] = field(default_factory=dict)
     atomic: set[tuple[Value, str]] = field(default_factory=set)
     conflicts: list[Conflict] = field(default_factory=list)
     unsupported: dict[str, int] = field(default_factory=dict)
@@ -71,6 +74,9 @@ class PartitionState:
 
     def __post_init__(self):
         self.users = users_of(self.func)
+        # Value -> the ops reading it and its producer: propagation wakes them after every
+        # change of the value's tiling. Derived from `users` on first use, shared by copies.
+        self._neighbours: dict[Value, list[Op]] = {}
         # Program order, regions included: propagation's worklist hands ops out in it.
         self.position = {op: i for i, op in enumerate(partitionable_ops(self.func.ops))}
         self.tags = {**self.func.tags, **self.tags}
@@ -86,11 +92,12 @@ class PartitionState:
                             for _, d in tiles)
 
     def copy(self) -> PartitionState:
-        """An independent copy for trying actions (searchers): the decision containers and their
-        inner lists are copied; the function, mesh, registry and derived maps are shared."""
+        """An independent copy for trying actions (searchers): the decision containers are
+        copied (their tuples are immutable, so shared); the function, mesh, registry and
+        derived maps are shared."""
         new = copy.copy(self)
-        new.tiling = {v: list(t) for v, t in self.tiling.items()}
-        new.nests = {op: list(n) for op, n in self.nests.items()}
+        new.tiling = dict(self.tiling)
+        new.nests = dict(self.nests)
         new.atomic = set(self.atomic)
         new.conflicts = list(self.conflicts)
         new.unsupported = dict(self.unsupported)
@@ -105,8 +112,8 @@ class PartitionState:
         return new
 
     # -- queries ------------------------------------------------------------------------
-    def tiles_of(self, v: Value) -> list[tuple[str, int]]:
-        return self.tiling.get(v, [])
+    def tiles_of(self, v: Value) -> tuple[tuple[str, int], ...]:
+        return self.tiling.get(v, ())
 
     def dim_of(self, v: Value, axis: str) -> int | None:
         for a, d in self.tiling.get(v, ()):
@@ -114,8 +121,18 @@ class PartitionState:
                 return d
         return None
 
-    def nest_of(self, op: Op) -> list[tuple[str, TMREntry]]:
-        return self.nests.get(op, [])
+    def neighbours(self, v: Value) -> list[Op]:
+        """The ops reading `v` (among `partitionable_ops`) and the op producing it."""
+        ops = self._neighbours.get(v)
+        if ops is None:
+            ops = [u for u, _ in self.users.get(v, ()) if u is not None]
+            if v.producer is not None:
+                ops.append(v.producer)
+            self._neighbours[v] = ops
+        return ops
+
+    def nest_of(self, op: Op) -> tuple[tuple[str, TMREntry], ...]:
+        return self.nests.get(op, ())
 
     def op_axes(self, op: Op) -> set[str]:
         return {a for a, _ in self.nest_of(op)}
@@ -275,26 +292,16 @@ class PartitionState:
             self._sub_axes.append(axis)
         for member in self.aliases.get(v, (v,)):
             if self.dim_of(member, axis) is None and self.overlapping(member, axis) is None:
-                tiles = self.tiling.setdefault(member, [])
-                tiles.append((axis, dim))
+                tiles = (*self.tiling.get(member, ()), (axis, dim))
                 if is_sub_axis(axis):
-                    self._fold(tiles, dim)
+                    tiles = _fold(tiles, dim, self.mesh)
+                self.tiling[member] = tiles
                 self.pads_any = self.pads_any or self._pads(member, dim)
                 changed.append(member)
         return changed
 
-    def _fold(self, tiles: list[tuple[str, int]], dim: int) -> None:
-        """Merge the parts of one axis that now tile `dim` side by side."""
-        on_dim = [i for i, (_, d) in enumerate(tiles) if d == dim]
-        axes = tuple(tiles[i][0] for i in on_dim)
-        folded = self.mesh.fold(axes)
-        if folded == axes:
-            return
-        kept = [(a, d) for a, d in tiles if d != dim]
-        tiles[:] = kept[: on_dim[0]] + [(a, dim) for a in folded] + kept[on_dim[0]:]
-
     def add_loop(self, op: Op, axis: str, entry: TMREntry) -> list[Value]:
-        self.nests.setdefault(op, []).append((axis, entry))
+        self.nests[op] = (*self.nests.get(op, ()), (axis, entry))
         changed = []
         for r, action in zip(op.results, entry.results):
             if not isinstance(action, Sum) and self.dim_of(r, axis) is None:
@@ -325,6 +332,18 @@ class PartitionState:
         if reason is not None:
             raise PartitionError(f"cannot tile {what} on dimension {dim} along axis {axis!r}: "
                                  f"{reason}")
+
+
+def _fold(tiles: tuple[tuple[str, int], ...], dim: int, mesh: Mesh
+          ) -> tuple[tuple[str, int], ...]:
+    """`tiles` with the parts of one axis that now tile `dim` side by side merged."""
+    on_dim = [i for i, (_, d) in enumerate(tiles) if d == dim]
+    axes = tuple(tiles[i][0] for i in on_dim)
+    folded = mesh.fold(axes)
+    if folded == axes:
+        return tiles
+    kept = [(a, d) for a, d in tiles if d != dim]
+    return (*kept[: on_dim[0]], *((a, dim) for a in folded), *kept[on_dim[0]:])
 
 
 def _loop_carried_aliases(func: Func) -> dict[Value, tuple[Value, ...]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .types import TensorType
@@ -54,10 +54,12 @@ class Op:
         self.operands = list(operands)
         self.results = [Value(t, self, i) for i, t in enumerate(result_types)]
         self.attributes = dict(attributes or {})
-        self.regions = list(regions or [])
+        # Most ops have no regions and no captures: the empty tuple, shared, rather than two
+        # empty lists per op, which Python's cyclic GC would walk in every full collection.
+        self.regions: Sequence[Region] = tuple(regions) if regions else ()
         self.rule = None
         # Values defined outside and used inside this op's regions (implicit operands).
-        self.captures: list[Value] = []
+        self.captures: Sequence[Value] = ()
         self._location: str | None = None
         # The imported op's MLIR location object (`ir.locations` parses it when a message or
         # a diagnostic names the op: parsing every op would cost more than importing it).
@@ -218,3 +220,7 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+        # What the pass built is mostly alive (the IR): left to the collector, it would be
+        # walked by the next young collection, then again by the next middle one, before it
+        # reaches the old generation. One middle collection now walks it once.
+        gc.collect(1)

@@ -57,15 +57,31 @@ def mark(op: Op, kind: Collective | str, axes) -> Op:
     return op
 
 
+# Attribute text -> what it says. The marks take a handful of distinct texts, and counting,
+# the simulator and the records ask every op of every program several times.
+_KINDS: dict[str, Collective] = {}
+_AXES: dict[str, tuple[str, ...]] = {}
+
+
 def collective_kind(op: Op) -> Collective | None:
     """The PartIR:HLO collective kind of `op`, or None for an ordinary op."""
     text = op.attributes.get(KIND_ATTR)
-    return Collective(json.loads(text)) if text else None
+    if not text:
+        return None
+    kind = _KINDS.get(text)
+    if kind is None:
+        kind = _KINDS[text] = Collective(json.loads(text))
+    return kind
 
 
 def collective_axes(op: Op) -> tuple[str, ...]:
     text = op.attributes.get(AXES_ATTR)
-    return tuple(json.loads(text)) if text else ()
+    if not text:
+        return ()
+    axes = _AXES.get(text)
+    if axes is None:
+        axes = _AXES[text] = tuple(json.loads(text))
+    return axes
 
 
 def count_collectives(ops) -> dict[str, int]:

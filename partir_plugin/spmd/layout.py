@@ -16,6 +16,25 @@ class Layout:
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[tuple[str, str], ...] = ()  # (axis, reduction), outer loop first
 
+    # The lowering compares and hashes layouts for every edge of every op (its memo and
+    # cache keys), and `from_tiles` hands out one object per distinct layout: equality
+    # tries identity first, and the hash (the one a dataclass computes) is computed once.
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.dims, self.partial)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.dims == other.dims and self.partial == other.partial
+
+    def __reduce__(self):  # rebuilt from the fields: string hashes differ between processes
+        return Layout, (self.dims, self.partial)
+
     @classmethod
     def replicated(cls, rank: int) -> Layout:
         return cls(((),) * rank)

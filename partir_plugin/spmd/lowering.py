@@ -750,7 +750,7 @@ class _Lowering:
             layout = self.declared(tagged)
             self.local[tagged] = (self.use(op.operands[0], layout), layout)
             return
-        nest = tuple(self.state.nest_of(op))
+        nest = self.state.nest_of(op)
         wanted = self.cache.wanted.get((op, nest)) if self.cache is not None else None
         if wanted is None:
             wanted = []
@@ -783,11 +783,13 @@ class _Lowering:
             produced.append(Layout.from_tiles(r.type.rank, tiles,
                                               [*forwarded, *pending_sums(nest, j)], self.mesh))
         operands = inputs[: len(op.operands)]
-        env = dict(zip(op.captures, inputs[len(op.operands):]))
         result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
         attrs = dict(op.attributes)
         _rewrite_attributes(op, attrs, operands, result_types)
-        regions = [clone_region(r, env) for r in op.regions]
+        regions = []
+        if op.regions:  # few ops have any: their captures map into the copies
+            env = dict(zip(op.captures, inputs[len(op.operands):]))
+            regions = [clone_region(r, env) for r in op.regions]
         if op.name in WINDOWED_OPS:
             operands = extend_operands(self.em, op, nest, operands, attrs,
                                        [self.local[v][1] for v in op.inputs], wanted)

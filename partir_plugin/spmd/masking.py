@@ -78,7 +78,7 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
     slices on a dimension that its tiling (by every axis of the nest) pads, and each padded
     operand a halo entry extends (`WINDOW_PAD`, applied before the exchange)."""
     found: dict[tuple[int, int], Mask] = {}
-    lookup = lookup_dim(op)
+    lookup = -1  # not asked yet: most nests sum nothing, and the lowering asks every op
     for _, entry in nest:
         if isinstance(entry, HaloEntry):
             d = entry.halo.dim
@@ -92,6 +92,8 @@ def masks(op: Op, nest, mesh: Mesh) -> list[Mask]:
                 else [r for r in entry.results if isinstance(r, Sum)])
         if not sums:
             continue
+        if lookup == -1:
+            lookup = lookup_dim(op)
         for i, v in enumerate(op.operands):
             d = entry.operands[i]
             if d is None or (i, d) in found or (i == 0 and d == lookup):

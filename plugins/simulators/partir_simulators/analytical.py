@@ -60,8 +60,9 @@ def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
     needed: set[Value] = set(returns)
     live: list[Op] = []
     for op in reversed(ops):
-        name = short_name(op)
-        if (not op.results or name in SIDE_EFFECTS or any(r in needed for r in op.results)):
+        results = op.results
+        if (not results or results[0] in needed or short_name(op) in SIDE_EFFECTS
+                or any(r in needed for r in results)):
             live.append(op)
             needed.update(op.inputs)
     live.reverse()
@@ -90,7 +91,12 @@ class _Analyser:
         users: dict[Value, list[Op]] = {}
         for op in ops:
             for v in op.inputs:
-                users.setdefault(same.get(v, v), []).append(op)
+                v = same.get(v, v)
+                readers = users.get(v)
+                if readers is None:
+                    users[v] = [op]
+                else:
+                    readers.append(op)
 
         fused = fused_values(
             ops, returned, users, self.hw.duplicates_expensive_ops, self.hw.library_reductions,

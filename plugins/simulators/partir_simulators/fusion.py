@@ -72,7 +72,7 @@ def common_subexpressions(ops: list[Op], returned: set[Value]) -> dict[Value, Va
         if (len(op.results) != 1 or op.regions or op.results[0] in returned
                 or (name not in opcost.FUSIBLE and name != "constant")):
             continue
-        key = (op.name, tuple(id(same.get(v, v)) for v in op.inputs),
+        key = (op.name, tuple([id(same.get(v, v)) for v in op.inputs]),
                tuple(sorted(op.attributes.items())), op.results[0].type)
         if key in first:
             same[op.results[0]] = first[key]
