@@ -56,10 +56,10 @@ class Halo:
     """The window geometry of one spatial dimension, in the op's own terms.
 
     `operands` are the op inputs extended with halos along `dim`; `pad_row` is the row of the
-    op's `padding` attribute for that dimension. `size` is their extent, `out` the extent that
-    is tiled plainly (the output's, or for a weight gradient the window's), `window` the
-    dilated window extent. `weight_gradient`: the window operand is the tiled one and the
-    output a partial sum.
+    op's `padding` attribute for that dimension. `size` is their extent, `out` the result's,
+    `tiled` the extent tiled plainly (the output's, or for a weight gradient the window
+    operand's), `window` the dilated window extent. `weight_gradient`: the window operand is
+    the tiled one and the output a partial sum.
     """
 
     operands: tuple[int, ...]
@@ -72,8 +72,8 @@ class Halo:
     window: int
     window_dilation: int
     lo: int
+    tiled: int
     weight_gradient: bool = False
-    tiled: int = 0  # the extent tiled plainly: the output's, or a weight gradient's window's
 
     def fits(self, sizes: Sequence[int]) -> bool:
         """Do (padded) tiles over axes of `sizes` keep the window geometry: does each tile of
