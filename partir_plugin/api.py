@@ -12,6 +12,7 @@ from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
+from .runtime.compile_overlap import while_xla_compiles
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
 from .simulation import resolve_hardware_option
 
@@ -192,6 +193,9 @@ class PartitionedFunction:
                                        traced.out_avals)
         found = self._cache[key] = Partition(traced, part, function, key)
         self._fill_metadata(found)
+        # The report's rows are made while XLA compiles the step (on another core), so a
+        # caller who reads the report after compiling does not wait for them.
+        while_xla_compiles(part.reports.make_quietly)
         return found
 
     def _traced_call(self, *args, **kwargs):

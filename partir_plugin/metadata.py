@@ -149,8 +149,8 @@ def fmt_time(s) -> str:
 class Metadata:
     """Filled when the partitioned callable first sees arguments (or on `.lower`)."""
 
-    # One row per tactic; from `partir.jit` a `TacticReports`, lowered and simulated on
-    # first read (so a step that is only run never pays for its report).
+    # One row per tactic; from `partir.jit` a `TacticReports`, lowered and simulated while
+    # XLA compiles the step, or on first read (partitioning never waits for the report).
     tactics: Sequence[TacticReport] = field(default_factory=list)
     in_shardings: Any = None
     out_shardings: Any = None

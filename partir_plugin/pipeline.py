@@ -7,6 +7,7 @@ searchers that need to try a schedule without compiling it).
 from __future__ import annotations
 
 import inspect
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from .metadata import TacticReport
 from .records import ProgramIndex, attribute_tactics, collective_sites
 from .simulation import HardwareSpec, SimulationResult
 from .spmd.collectives import sliced_all_reduces
+from .spmd.halo import halo_warnings_quiet
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 from .spmd.masking import padding_report
 
@@ -149,32 +151,48 @@ class TacticReports(Sequence[TacticReport]):
     them. So the schedule keeps a copy of the state after each tactic (cheap: decisions only
     append) and this sequence lowers and simulates them, in order and incrementally
     (`LoweringCache`, the simulator's memo), the first time a row is read. `len()` does not
-    need the rows.
+    need the rows. `make_quietly` makes them on another thread while XLA compiles
+    (`runtime.compile_overlap`); a read meanwhile waits for it.
     """
 
     def __init__(self, after: list[_AfterTactic], hardware,
                  final: SpmdProgram | None = None) -> None:
         self._after = after
+        self._count = len(after)
         self._hardware = hardware
         # The last tactic's state is the final one: its program is the one the schedule
         # lowered already (the runtime's), not lowered a second time for its row.
         self._final = final
         self._rows: list[TacticReport] | None = None
+        self._lock = threading.Lock()
 
     def _made(self) -> list[TacticReport]:
-        if self._rows is None:
-            with gc_paused():
-                cache, memo, rows = LoweringCache(), {}, []
-                index = ProgramIndex(self._after[0].state) if self._after else None
-                last = len(self._after) - 1
-                for i, t in enumerate(self._after):
-                    program = (self._final if i == last and self._final is not None
-                               else lower_to_spmd(t.state, cache))
-                    rows.append(tactic_report(t.name, program, t.state, self._hardware,
-                                              t.actions, memo, t.search, index))
-                attribute_tactics((row.name, row.sites) for row in rows)
-            self._rows, self._after, self._final = rows, [], None
+        with self._lock:
+            if self._rows is None:
+                self._rows = self._make()
+                self._after, self._final = [], None
         return self._rows
+
+    def _make(self) -> list[TacticReport]:
+        with gc_paused(), halo_warnings_quiet():
+            cache, memo, rows = LoweringCache(), {}, []
+            index = ProgramIndex(self._after[0].state) if self._after else None
+            last = len(self._after) - 1
+            for i, t in enumerate(self._after):
+                program = (self._final if i == last and self._final is not None
+                           else lower_to_spmd(t.state, cache))
+                rows.append(tactic_report(t.name, program, t.state, self._hardware,
+                                          t.actions, memo, t.search, index))
+            attribute_tactics((row.name, row.sites) for row in rows)
+        return rows
+
+    def make_quietly(self) -> None:
+        """Make the rows now, on whatever thread calls this; an error leaves them unmade,
+        so the first read makes them again and raises it there."""
+        try:
+            self._made()
+        except Exception:  # noqa: BLE001 -- reported by the read that remakes them
+            pass
 
     @property
     def made(self) -> bool:
@@ -182,7 +200,7 @@ class TacticReports(Sequence[TacticReport]):
         return self._rows is not None
 
     def __len__(self) -> int:
-        return len(self._after) if self._rows is None else len(self._rows)
+        return self._count
 
     def __getitem__(self, i):
         return self._made()[i]

@@ -14,7 +14,10 @@ is not a neighbour's: that dimension is gathered, padded and sliced instead, wit
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 from ..core.windows import (
     Halo,
@@ -125,7 +128,25 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
                     "strides": i64_array([1] * rank)}).results[0]
 
 
+# The report's rows lower the program as it stood after each tactic (on the thread that makes
+# them, maybe while XLA compiles): a fallback there is not in the program that runs, whose own
+# lowering warns for it, so those lowerings are quiet.
+_QUIET: ContextVar[bool] = ContextVar("partir_halo_warnings_quiet", default=False)
+
+
+@contextlib.contextmanager
+def halo_warnings_quiet() -> Iterator[None]:
+    """No HaloWarning from lowerings in this context (this thread's)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
 def _warn_wide(op: Op, dim: int, rows: HaloRows, axes, k: int) -> None:
+    if _QUIET.get():
+        return
     warnings.warn(
         f"{op.name} at {_where(op)}: its window needs {rows.left} rows before and "
         f"{rows.right} after a tile of {rows.n} along dimension {dim} (tiled {k} ways over "
@@ -135,6 +156,8 @@ def _warn_wide(op: Op, dim: int, rows: HaloRows, axes, k: int) -> None:
 
 def warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:
     """A HaloWarning for each window dimension of `op` that arrives tiled and is gathered."""
+    if _QUIET.get():
+        return
     for i, dims in windowed_dims(op).items():
         for d in dims:
             gathered = [a for a in have[i].dims[d] if a not in wanted[i].dims[d]]
