@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import math
 import os
 import platform
@@ -291,7 +292,7 @@ def breakdown(size: Size) -> None:
     from partir_plugin.pipeline import apply_schedule, trace
     from partir_plugin.runtime.executable import DeviceLocalFunction, jax_mesh_for
 
-    jax.clear_caches()
+    _fresh()
     mesh = size.family.mesh
     step, args, schedule = size.build()
     t0 = time.perf_counter()
@@ -338,31 +339,40 @@ def _ours(size: Size):
     return mid - start, time.perf_counter() - mid, time.process_time() - cpu, meta
 
 
-def _peer(size: Size, meta) -> None:
+def _peer(size: Size, in_shardings, out_shardings) -> None:
     """jax.jit with our shardings on a fresh step: (lower s, compile s) and CPU s."""
     import jax
 
     step, args, _ = size.build()
     cpu, start = time.process_time(), time.perf_counter()
-    lowered = jax.jit(step, in_shardings=meta.in_shardings,
-                      out_shardings=meta.out_shardings).lower(*args)
+    lowered = jax.jit(step, in_shardings=in_shardings,
+                      out_shardings=out_shardings).lower(*args)
     mid = time.perf_counter()
     lowered.compile()
     size.peer.append((mid - start, time.perf_counter() - mid))
     size.peer_cpu.append(time.process_time() - cpu)
 
 
+def _fresh() -> None:
+    """Before each measurement: jax's in-memory caches cleared, and the garbage of the one
+    before collected (a partitioning's IR is cyclic: left to the collector, it would be
+    walked, and paid for, inside the next measurement, whichever side that is)."""
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def compare(size: Size, reps: int) -> None:
     """Ours against jax.jit, alternating, fresh functions, caches cleared; after ours'
     compile, the first read of its report (`meta.report()`), timed apart."""
-    import jax
 
-    meta = None
+    shardings = None  # ours' (in, out) shardings, for the peer; our IR is not kept alive
     for rep in range(reps):
         for who in (("ours", "peer") if rep % 2 == 0 else ("peer", "ours")):
-            if who == "peer" and meta is None:
+            if who == "peer" and shardings is None:
                 continue  # the peer needs our shardings: it runs after ours in rep 0
-            jax.clear_caches()
+            _fresh()
             if who == "ours":
                 lower, compile_, cpu, meta = _ours(size)
                 size.ours.append((lower, compile_))
@@ -370,11 +380,13 @@ def compare(size: Size, reps: int) -> None:
                 start = time.perf_counter()
                 meta.report()
                 size.report.append(time.perf_counter() - start)
+                shardings = meta.in_shardings, meta.out_shardings
+                del meta
             else:
-                _peer(size, meta)
+                _peer(size, *shardings)
     if not size.peer:  # one repetition: the peer after ours
-        jax.clear_caches()
-        _peer(size, meta)
+        _fresh()
+        _peer(size, *shardings)
 
 
 def exponent(sizes: list[Size]) -> float:
@@ -419,7 +431,8 @@ def section(sizes: list[Size], reps: dict, total_s: float) -> str:
         "import, schedule, print, the shard_map embedding's jax lowering) then `.compile()` "
         "(XLA); jax = `jax.jit(step, in_shardings=meta.in_shardings, out_shardings="
         "meta.out_shardings).lower(*args)` then `.compile()`. Fresh functions and "
-        "`jax.clear_caches()` before every measurement, the two sides alternating; per column "
+        "`jax.clear_caches()` and `gc.collect()` before every measurement, the two sides "
+        "alternating; per column "
         "the minimum of the repetitions (" + ", ".join(f"{k}: {v}" for k, v in reps.items())
         + "), ours/jax from the minimum totals; \"CPU ours/jax\" the same ratio in CPU "
         "seconds of the process (all threads: XLA compiles on several), which other jobs on "

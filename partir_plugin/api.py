@@ -10,6 +10,7 @@ from .core.mesh import Mesh
 from .core.padding import PaddingPolicy, UnevenOutputs
 from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
+from .ir.graph import gc_paused
 from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
 from .runtime.compile_overlap import while_xla_compiles
@@ -181,16 +182,20 @@ class PartitionedFunction:
         found = self._cache.get(key)
         if found is not None:
             return found
-        traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
-        part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
-                              hardware=self.hardware, arg_names=traced.arg_names,
-                              conflicts=self.conflicts, scatter_sums=self.scatter_sums,
-                              padding=self.padding, uneven_outputs=self.uneven_outputs,
-                              out_names=traced.out_names)
-        program = part.program
-        function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"), program.text(),
-                                       self.jax_mesh, program.in_layouts, program.out_layouts,
-                                       traced.out_avals)
+        # jax's trace of the step allocates as many objects as our passes do, and each of
+        # the collector's full passes along the way walks everything alive: one collection
+        # at the end instead (`gc_paused`).
+        with gc_paused():
+            traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
+            part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
+                                  hardware=self.hardware, arg_names=traced.arg_names,
+                                  conflicts=self.conflicts, scatter_sums=self.scatter_sums,
+                                  padding=self.padding, uneven_outputs=self.uneven_outputs,
+                                  out_names=traced.out_names)
+            program = part.program
+            function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"),
+                                           program.text(), self.jax_mesh, program.in_layouts,
+                                           program.out_layouts, traced.out_avals)
         found = self._cache[key] = Partition(traced, part, function, key)
         self._fill_metadata(found)
         # The report's rows are made while XLA compiles the step (on another core), so a
