@@ -58,6 +58,7 @@ class _Importer:
 
         self.tags: dict[str, list[Value]] = {}  # a name may tag several values
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
+        self.texts: dict[ir.Attribute, str] = {}  # and few distinct attributes
         # Seen while importing, to run the rewrites that need them (each walks the program).
         self.scatters = False  # a select_and_scatter (a max-pool's gradient)
         self.pads = self.windows = False  # a pad; a convolution or reduce_window
@@ -86,6 +87,7 @@ class _Importer:
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
         """Import `block`'s ops into `out`; return the values its terminator returns."""
+        texts = self.texts
         for mop in block.operations:
             op = mop.operation
             name = op.name
@@ -130,7 +132,11 @@ class _Importer:
             attrs = {}
             rule = None
             for key in op.attributes:
-                text = str(op.attributes[key])
+                # Attributes are uniqued in their context: equal ones print once.
+                attr = op.attributes[key]
+                text = texts.get(attr)
+                if text is None:
+                    text = texts[attr] = str(attr)
                 if key == _RULE_ATTR:
                     rule = text
                 else:
