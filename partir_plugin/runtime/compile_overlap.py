@@ -28,7 +28,7 @@ _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _queued = threading.local()  # per thread: weak references to the tasks its next compile starts
 _started: list[threading.Thread] = []  # threads started and maybe still running (for `wait`)
 _lock = threading.Lock()
-_listening = False
+_listening: bool | None = None  # None: not asked yet
 
 
 def usable_cores() -> int:
@@ -42,9 +42,8 @@ def usable_cores() -> int:
 def while_xla_compiles(task: Callable[[], None]) -> bool:
     """Run the bound method `task` on a daemon thread when this thread's next XLA compile
     begins. False (nothing queued) where the process has a single core."""
-    if usable_cores() < 2:
+    if usable_cores() < 2 or not _listen():
         return False
-    _listen()
     queue = getattr(_queued, "tasks", None)
     if queue is None:
         queue = _queued.tasks = []
@@ -62,15 +61,18 @@ def wait(timeout: float | None = None) -> None:
         _started[:] = [t for t in _started if t.is_alive()]
 
 
-def _listen() -> None:
+def _listen() -> bool:
+    """Listen to jax's compile events (once); False where this jax has no scalar events."""
     global _listening
     with _lock:
-        if _listening:
-            return
-        import jax.monitoring
+        if _listening is None:
+            import jax.monitoring
 
-        jax.monitoring.register_scalar_listener(_on_scalar)
-        _listening = True
+            register = getattr(jax.monitoring, "register_scalar_listener", None)
+            if register is not None:
+                register(_on_scalar)
+            _listening = register is not None
+        return _listening
 
 
 def _on_scalar(event: str, value: float, **kwargs) -> None:
