@@ -80,7 +80,7 @@ def main() -> int:
                                 jax.tree.leaves(jax.jit(gradients)(params, batch))))
     n_params = len(jax.tree.leaves(params))
     print(f"\ntransformer: {config.layers} layers, {n_params} parameter tensors; partitioned "
-          f"and compiled in {partition_s:.2f} s on {len(mesh.devices.flat)} "
+          f"and lowered in {partition_s:.2f} s on {len(mesh.devices.flat)} "
           f"{jax.devices()[0].platform} devices; largest gradient error relative to the "
           f"leaf's scale: {worst:.1e}\n")
     print(meta.report())
