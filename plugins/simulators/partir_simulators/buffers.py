@@ -104,6 +104,8 @@ def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tu
     if name not in _ELEMENTWISE or len(root.results) != 1:
         return ()
     shape = root.results[0].type.shape
+    if not any(v.type.is_tensor and v.type.shape == shape for v in reads):
+        return ()  # no input of the result's shape (as for most reductions' and dots' users)
     inside = set(members)
     users: dict[Op, list[Op]] = {}
     # The members reading each value, in member order (one pass, not a scan of every
