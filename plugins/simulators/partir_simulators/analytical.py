@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from partir_plugin.extend import Block, Collective, Func, Mesh, Op, SimulationResult, Value
 
 from . import opcost
-from .buffers import assign_buffers, shareable_inputs
+from .buffers import assign_buffers
 from .combiner import combine_collectives
 from .comm import collective_cost, communication_kind
 from .costs import BlockCost, Kernel, nbytes
@@ -77,7 +77,9 @@ class _Analyser:
         self.mesh = mesh
         self.timeline = timeline
         # Per-op work, kept across simulations of programs that share ops (the lowering after
-        # each tactic reuses the device-local ops of what the tactic did not change).
+        # each tactic reuses the device-local ops of what the tactic did not change), and per
+        # signature of the ops whose work depends on their name and result type alone
+        # (`opcost.work`).
         self.memo = memo if memo is not None else {}
         self.hw = hardware
         self.overlap = overlap
@@ -174,14 +176,34 @@ class _Analyser:
         if name in ("while", "case", "if"):
             return self._compound(root, cost)
 
-        # The fused closure: root plus every fused producer reachable through fused values.
-        names = SHORT_NAMES
+        # The fused closure: root plus every fused producer reachable through fused values,
+        # each charged its work unless an earlier kernel it is duplicated into was.
+        names, memo, hw, rates = SHORT_NAMES, self.memo, self.hw, self.vector_rates
         members: list[Op] = []
         reads: dict[Value, int] = {}  # input -> the most bytes a member reads of it
+        compute = 0.0
         stack, seen = [root], {root}
         while stack:
             op = stack.pop()
             members.append(op)
+            if op not in claimed:  # a producer duplicated into several kernels is charged once
+                claimed.add(op)
+                work = memo.get(op)
+                if work is None:
+                    work = memo[op] = opcost.work(op, memo)
+                flops, trans, known, element, matrix = work
+                if not known:
+                    cost.unknown_ops.add(op.name)
+                cost.flops += flops
+                cost.transcendentals += trans
+                if matrix:
+                    compute += hw.matmul_seconds(flops, element)
+                else:
+                    rate = rates.get(element)
+                    if rate is None:
+                        rate = rates[element] = hw.vector_flops_for(element)
+                    vector = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
+                    compute += vector / rate
             op_name = names[op.name]
             partial, in_place = op_name in opcost.PARTIAL_READS, op_name in opcost.IN_PLACE
             for i, v in enumerate(op.inputs):
@@ -190,7 +212,7 @@ class _Analyser:
                         seen.add(v.producer)
                         stack.append(v.producer)
                     continue
-                n = v.type.nbytes if v.type.is_tensor else 0
+                n = 0 if v.type.opaque else v.type.nbytes
                 if i == 0 and partial:
                     n = min(n, nbytes(op.results[0]))
                 elif i == 0 and in_place:
@@ -202,36 +224,13 @@ class _Analyser:
         else:
             written = sum(nbytes(r) for r in root.results)
         moved = sum(reads.values()) + written
-
-        compute = 0.0
-        memo, hw, rates = self.memo, self.hw, self.vector_rates
-        for op in members:
-            if op in claimed:  # a producer duplicated into several kernels is charged once
-                continue
-            claimed.add(op)
-            work = memo.get(op)
-            if work is None:
-                work = memo[op] = opcost.work(op)
-            flops, trans, known, element, matrix = work
-            if not known:
-                cost.unknown_ops.add(op.name)
-            cost.flops += flops
-            cost.transcendentals += trans
-            if matrix:
-                compute += hw.matmul_seconds(flops, element)
-            else:
-                rate = rates.get(element)
-                if rate is None:
-                    rate = rates[element] = hw.vector_flops_for(element)
-                vector = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
-                compute += vector / rate
         memory = hw.memory_seconds(moved)
         duration = max(compute, memory) + hw.kernel_overhead_s
         cost.bytes += moved
         cost.kernels += 1
         cost.compute_s += duration
         return Kernel(root, list(reads), list(root.results), "compute", duration,
-                      compute_s=duration, shareable=shareable_inputs(root, members, reads))
+                      compute_s=duration, shareable=None, ops=members)
 
     def _compound(self, op: Op, cost: BlockCost) -> Kernel:
         """A while loop (body + condition, times the trip count) or the costliest branch."""

@@ -59,6 +59,8 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
         dying = [o for o in reads[j] if o in phys and last[o] == p and o not in held]
         for r in k.outputs:
             donor = None
+            if k.shareable is None and any(phys[o][0] == nbytes(r) for o in dying):
+                k.shareable = shareable_inputs(k.root, k.ops, k.inputs)
             if k.shareable:
                 share = {owner.get(v, v) for v in k.shareable}
                 donor = next((o for o in dying if o in share and phys[o][0] == nbytes(r)),
@@ -93,7 +95,7 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
         cost.temp_peak = max(cost.temp_peak, live + extra)
 
 
-def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tuple[Value, ...]:
+def shareable_inputs(root: Op, members: list[Op], reads: Sequence[Value]) -> tuple[Value, ...]:
     """Inputs a kernel may overwrite in place, as XLA's CanShareOperandBufferWithUser allows:
     the updated operand of `dynamic_update_slice`/`scatter`, and for an elementwise kernel the
     inputs of the result's shape that every fused op reading them uses elementwise on the way

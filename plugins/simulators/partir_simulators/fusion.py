@@ -80,10 +80,13 @@ def common_subexpressions(ops: list[Op], returned: set[Value]) -> dict[Value, Va
         result = results[0]
         if result in returned:
             continue
-        # The type by its fields (hashing the frozen dataclass is a Python call per key).
-        t = result.type
-        key = (op.name, tuple([id(same.get(v, v)) for v in op.inputs]),
-               tuple(sorted(op.attributes.items())), t.shape, t.element, t.opaque)
+        # Operands by identity (`Value` has no __eq__), attributes in key order (one or none,
+        # for most ops: no sort), the type by its fields (hashing the frozen dataclass is a
+        # Python call per key).
+        attrs, t = op.attributes, result.type
+        key = (op.name, tuple([same.get(v, v) for v in op.inputs]),
+               tuple(sorted(attrs.items()) if len(attrs) > 1 else attrs.items()),
+               t.shape, t.element, t.opaque)
         original = first.get(key)
         if original is None:
             first[key] = result
@@ -128,11 +131,16 @@ def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op
         if name not in opcost.FUSIBLE or v in same or v in returned:
             continue
         us = users.get(v)
-        if not us or not all(u in consumers for u in us):
+        if not us or not consumers.issuperset(us):
             continue
-        kernels = frozenset().union(*(homes.get(u.results[0], frozenset((u,)))
-                                      if len(u.results) == 1 else frozenset((u,))
-                                      for u in us))
+        if len(us) == 1:  # most values: no union to build
+            u = us[0]
+            kernels = (homes.get(u.results[0]) if len(u.results) == 1 else None
+                       ) or frozenset((u,))
+        else:
+            kernels = frozenset().union(*(homes.get(u.results[0], frozenset((u,)))
+                                          if len(u.results) == 1 else frozenset((u,))
+                                          for u in us))
         if len(kernels) > 1 and (
                 (not duplicate_expensive and _expensive(op, name))
                 or (library_reductions and any(library_reduction(k) for k in kernels))):

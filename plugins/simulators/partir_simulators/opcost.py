@@ -175,9 +175,24 @@ def op_work(op: Op) -> tuple[float, float, bool]:
 Work = tuple[float, float, bool, str, bool]
 
 
-def work(op: Op) -> Work:
-    """`op_work`, `compute_element` and `is_matrix_op` of one op, together."""
-    return (*op_work(op), compute_element(op), is_matrix_op(op))
+# Ops whose work is a function of their name and result type alone.
+_BY_RESULT = ELEMENTWISE | TRANSCENDENTAL | (ZERO_FLOP - {"custom_call"})
+
+
+def work(op: Op, signatures: dict | None = None) -> Work:
+    """`op_work`, `compute_element` and `is_matrix_op` of one op, together. An elementwise
+    or flop-free op with one result is looked up in `signatures` (kept by the caller) by its
+    name and result type: unrolled layers and the programs after each tactic repeat those
+    signatures thousands of times."""
+    results = op.results
+    if signatures is None or len(results) != 1 or SHORT_NAMES[op.name] not in _BY_RESULT:
+        return (*op_work(op), compute_element(op), is_matrix_op(op))
+    t = results[0].type
+    key = (op.name, t.shape, t.element, t.opaque)
+    found = signatures.get(key)
+    if found is None:
+        found = signatures[key] = (*op_work(op), compute_element(op), is_matrix_op(op))
+    return found
 
 
 _MATRIX = frozenset({"dot_general", "dot", "convolution"})
