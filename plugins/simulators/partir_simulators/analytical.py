@@ -54,6 +54,7 @@ __all__ = ["simulate", "trip_count"]
 TERMINATORS = frozenset({"return"})
 
 SIDE_EFFECTS = frozenset({"custom_call", "outfeed", "send", "recv", "infeed"})
+_PART_READ = opcost.PARTIAL_READS | opcost.IN_PLACE  # ops reading operand 0 in part
 
 
 def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
@@ -64,7 +65,7 @@ def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
     for op in reversed(ops):
         results = op.results
         if (not results or results[0] in needed or names[op.name] in SIDE_EFFECTS
-                or any(r in needed for r in results)):
+                or (len(results) > 1 and any(r in needed for r in results))):
             live.append(op)
             needed.update(op.inputs)
     live.reverse()
@@ -204,19 +205,21 @@ class _Analyser:
                         rate = rates[element] = hw.vector_flops_for(element)
                     vector = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
                     compute += vector / rate
-            op_name = names[op.name]
-            partial, in_place = op_name in opcost.PARTIAL_READS, op_name in opcost.IN_PLACE
-            for i, v in enumerate(op.inputs):
-                if v in fused and v.producer is not None:
-                    if v.producer not in seen:
-                        seen.add(v.producer)
-                        stack.append(v.producer)
+            # Operand 0 of a partial read or an in-place update is read in part (or not at all).
+            first = names[op.name] in _PART_READ
+            for v in op.inputs:
+                if v in fused:  # a fused value is an op's result
+                    producer = v.producer
+                    if producer not in seen:
+                        seen.add(producer)
+                        stack.append(producer)
+                    first = False
                     continue
                 n = 0 if v.type.opaque else v.type.nbytes
-                if i == 0 and partial:
-                    n = min(n, nbytes(op.results[0]))
-                elif i == 0 and in_place:
-                    n = 0
+                if first:
+                    first = False
+                    n = (min(n, nbytes(op.results[0])) if names[op.name] in opcost.PARTIAL_READS
+                         else 0)
                 if n > reads.get(v, -1):
                     reads[v] = n
         if name in opcost.IN_PLACE:
