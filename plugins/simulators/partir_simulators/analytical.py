@@ -52,7 +52,6 @@ from .timeline import list_schedule, timeline_events
 __all__ = ["simulate", "trip_count"]
 
 TERMINATORS = frozenset({"return"})
-
 SIDE_EFFECTS = frozenset({"custom_call", "outfeed", "send", "recv", "infeed"})
 _PART_READ = opcost.PARTIAL_READS | opcost.IN_PLACE  # ops reading operand 0 in part
 
