@@ -77,9 +77,8 @@ class _Analyser:
         self.mesh = mesh
         self.timeline = timeline
         # Per-op work, kept across simulations of programs that share ops (the lowering after
-        # each tactic reuses the device-local ops of what the tactic did not change), and per
-        # signature of the ops whose work depends on their name and result type alone
-        # (`opcost.work`).
+        # each tactic reuses the device-local ops of what the tactic did not change) or op
+        # signatures (`opcost.work`).
         self.memo = memo if memo is not None else {}
         self.hw = hardware
         self.overlap = overlap
@@ -188,10 +187,7 @@ class _Analyser:
             members.append(op)
             if op not in claimed:  # a producer duplicated into several kernels is charged once
                 claimed.add(op)
-                work = memo.get(op)
-                if work is None:
-                    work = memo[op] = opcost.work(op, memo)
-                flops, trans, known, element, matrix = work
+                flops, trans, known, element, matrix = opcost.work(op, memo)
                 if not known:
                     cost.unknown_ops.add(op.name)
                 cost.flops += flops

@@ -179,19 +179,23 @@ Work = tuple[float, float, bool, str, bool]
 _BY_RESULT = ELEMENTWISE | TRANSCENDENTAL | (ZERO_FLOP - {"custom_call"})
 
 
-def work(op: Op, signatures: dict | None = None) -> Work:
-    """`op_work`, `compute_element` and `is_matrix_op` of one op, together. An elementwise
-    or flop-free op with one result is looked up in `signatures` (kept by the caller) by its
-    name and result type: unrolled layers and the programs after each tactic repeat those
-    signatures thousands of times."""
-    results = op.results
-    if signatures is None or len(results) != 1 or SHORT_NAMES[op.name] not in _BY_RESULT:
+def work(op: Op, memo: dict | None = None) -> Work:
+    """`op_work`, `compute_element` and `is_matrix_op` of one op, together, kept in `memo` (a
+    dict the caller keeps across programs): an elementwise or flop-free op with one result
+    under its name and result type, which determine its work (unrolled layers and the
+    programs after each tactic repeat those signatures thousands of times), any other op
+    under the op itself."""
+    if memo is None:
         return (*op_work(op), compute_element(op), is_matrix_op(op))
-    t = results[0].type
-    key = (op.name, t.shape, t.element, t.opaque)
-    found = signatures.get(key)
+    results = op.results
+    if len(results) == 1 and SHORT_NAMES[op.name] in _BY_RESULT:
+        t = results[0].type
+        key: object = (op.name, t.shape, t.element, t.opaque)
+    else:
+        key = op
+    found = memo.get(key)
     if found is None:
-        found = signatures[key] = (*op_work(op), compute_element(op), is_matrix_op(op))
+        found = memo[key] = (*op_work(op), compute_element(op), is_matrix_op(op))
     return found
 
 
