@@ -37,32 +37,34 @@ import math
 import re
 from collections.abc import Sequence
 
-from partir_plugin.extend import Block, Func, Mesh, Op, SimulationResult, Value
+from partir_plugin.extend import Block, Collective, Func, Mesh, Op, SimulationResult, Value
 
 from . import opcost
-from .buffers import assign_buffers, shareable_inputs
+from .buffers import assign_buffers
 from .combiner import combine_collectives
 from .comm import collective_cost, communication_kind
 from .costs import BlockCost, Kernel, nbytes
 from .fusion import common_subexpressions, fused_values
 from .loops import trip_count
-from .opcost import short_name
+from .opcost import SHORT_NAMES, short_name
 from .timeline import list_schedule, timeline_events
 
 __all__ = ["simulate", "trip_count"]
 
 TERMINATORS = frozenset({"return"})
 SIDE_EFFECTS = frozenset({"custom_call", "outfeed", "send", "recv", "infeed"})
+_PART_READ = opcost.PARTIAL_READS | opcost.IN_PLACE  # ops reading operand 0 in part
 
 
 def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
     """Ops whose results are needed (XLA removes the rest)."""
     needed: set[Value] = set(returns)
     live: list[Op] = []
+    names = SHORT_NAMES
     for op in reversed(ops):
         results = op.results
-        if (not results or results[0] in needed or short_name(op) in SIDE_EFFECTS
-                or any(r in needed for r in results)):
+        if (not results or results[0] in needed or names[op.name] in SIDE_EFFECTS
+                or (len(results) > 1 and any(r in needed for r in results))):
             live.append(op)
             needed.update(op.inputs)
     live.reverse()
@@ -75,16 +77,22 @@ class _Analyser:
         self.mesh = mesh
         self.timeline = timeline
         # Per-op work, kept across simulations of programs that share ops (the lowering after
-        # each tactic reuses the device-local ops of what the tactic did not change).
+        # each tactic reuses the device-local ops of what the tactic did not change) or op
+        # signatures (`opcost.work`).
         self.memo = memo if memo is not None else {}
         self.hw = hardware
         self.overlap = overlap
         self.fusion = fusion
+        self.vector_rates: dict[str, float] = {}  # element type -> hw.vector_flops_for
 
     # -- one block -------------------------------------------------------------------------
     def block(self, block: Block, returns: Sequence[Value], *, top: bool = False) -> BlockCost:
-        ops = [op for op in block.ops if short_name(op) not in TERMINATORS]
+        names = SHORT_NAMES
+        ops = [op for op in block.ops if names[op.name] not in TERMINATORS]
         ops = _live_ops(ops, returns)
+        # The block's communicating ops, asked once each (every phase below asks again).
+        collectives = {op: kind for op in ops
+                       if (kind := communication_kind(op)) is not None}
         cost = BlockCost()
         returned = set(returns)
         same = common_subexpressions(ops, returned) if self.fusion else {}
@@ -99,45 +107,49 @@ class _Analyser:
                     readers.append(op)
 
         fused = fused_values(
-            ops, returned, users, self.hw.duplicates_expensive_ops, self.hw.library_reductions,
-            same) if self.fusion else set()
+            ops, returned, users, collectives, self.hw.duplicates_expensive_ops,
+            self.hw.library_reductions, same) if self.fusion else set()
 
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
         kernels: list[Kernel] = []
         claimed: set[Op] = set()
         for op in ops:
-            name = short_name(op)
-            if op.results and all(r in fused for r in op.results):
-                continue
-            if op.results and op.results[0] in same:  # a repeat: the original's buffer
-                original = same[op.results[0]]
-                owner[op.results[0]] = owner.get(original, original)
-                continue
+            name = names[op.name]
+            results = op.results
+            if results:
+                if results[0] in fused and (len(results) == 1
+                                            or all(r in fused for r in results)):
+                    continue
+                if results[0] in same:  # a repeat: the original's buffer
+                    original = same[results[0]]
+                    owner[results[0]] = owner.get(original, original)
+                    continue
             if name in opcost.FREE:
-                for r in op.results:
+                for r in results:
                     owner[r] = r
                     kinds[r] = "const"
                 continue
             if name == "constant":
-                owner[op.results[0]] = op.results[0]
-                kinds[op.results[0]] = "const"
+                owner[results[0]] = results[0]
+                kinds[results[0]] = "const"
                 continue
-            if name in opcost.VIEWS and communication_kind(op) is None and all(
+            kind = collectives.get(op)
+            if name in opcost.VIEWS and kind is None and all(
                     nbytes(r) == nbytes(v) and v not in fused
-                    for r, v in zip(op.results, op.operands)):
-                for r, v in zip(op.results, op.operands):
+                    for r, v in zip(results, op.operands)):
+                for r, v in zip(results, op.operands):
                     owner[r] = owner.get(v, v)
                 continue
-            copy = layout_copy(op)
+            copy = layout_copy(op) if kind is Collective.REDUCE_SCATTER else None
             if copy is not None:  # XLA's layout assignment: a transposing copy of the operand
-                kernels.append(self._kernel(copy, fused, claimed, cost))
+                kernels.append(self._kernel(copy, None, fused, claimed, cost))
                 owner[copy.results[0]] = copy.results[0]
                 kinds[copy.results[0]] = "temp"
-            kernels.append(self._kernel(op, fused, claimed, cost))
+            kernels.append(self._kernel(op, kind, fused, claimed, cost))
             if copy is not None:
                 kernels[-1].inputs = [copy.results[0]]
-            for r in op.results:
+            for r in results:
                 owner[r] = r
                 kinds[r] = "temp"
 
@@ -150,9 +162,11 @@ class _Analyser:
         return cost
 
     # -- kernels ---------------------------------------------------------------------------
-    def _kernel(self, root: Op, fused: set[Value], claimed: set[Op], cost: BlockCost) -> Kernel:
-        name = short_name(root)
-        if communication_kind(root) is not None:
+    def _kernel(self, root: Op, kind: Collective | None, fused: set[Value], claimed: set[Op],
+                cost: BlockCost) -> Kernel:
+        """The kernel rooted at `root` (`kind`: its `communication_kind`)."""
+        name = SHORT_NAMES[root.name]
+        if kind is not None:
             c = collective_cost(root, self.mesh, self.hw)
             cost.collectives.append(c)
             cost.comm_s += c.time_s
@@ -161,58 +175,60 @@ class _Analyser:
         if name in ("while", "case", "if"):
             return self._compound(root, cost)
 
-        # The fused closure: root plus every fused producer reachable through fused values.
+        # The fused closure: root plus every fused producer reachable through fused values,
+        # each charged its work unless an earlier kernel it is duplicated into was.
+        names, memo, hw, rates = SHORT_NAMES, self.memo, self.hw, self.vector_rates
         members: list[Op] = []
-        reads: dict[Value, int] = {}
+        reads: dict[Value, int] = {}  # input -> the most bytes a member reads of it
+        compute = 0.0
         stack, seen = [root], {root}
         while stack:
             op = stack.pop()
             members.append(op)
-            op_name = short_name(op)
-            for i, v in enumerate(op.inputs):
-                if v in fused and v.producer is not None:
-                    if v.producer not in seen:
-                        seen.add(v.producer)
-                        stack.append(v.producer)
+            if op not in claimed:  # a producer duplicated into several kernels is charged once
+                claimed.add(op)
+                flops, trans, known, element, matrix = opcost.work(op, memo)
+                if not known:
+                    cost.unknown_ops.add(op.name)
+                cost.flops += flops
+                cost.transcendentals += trans
+                if matrix:
+                    compute += hw.matmul_seconds(flops, element)
+                else:
+                    rate = rates.get(element)
+                    if rate is None:
+                        rate = rates[element] = hw.vector_flops_for(element)
+                    vector = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
+                    compute += vector / rate
+            # Operand 0 of a partial read or an in-place update is read in part (or not at all).
+            first = names[op.name] in _PART_READ
+            for v in op.inputs:
+                if v in fused:  # a fused value is an op's result
+                    producer = v.producer
+                    if producer not in seen:
+                        seen.add(producer)
+                        stack.append(producer)
+                    first = False
                     continue
-                n = nbytes(v)
-                if i == 0 and op_name in opcost.PARTIAL_READS:
-                    n = min(n, nbytes(op.results[0]))
-                elif i == 0 and op_name in opcost.IN_PLACE:
-                    n = 0
-                reads[v] = max(reads.get(v, 0), n)
+                n = 0 if v.type.opaque else v.type.nbytes
+                if first:
+                    first = False
+                    n = (min(n, nbytes(op.results[0])) if names[op.name] in opcost.PARTIAL_READS
+                         else 0)
+                if n > reads.get(v, -1):
+                    reads[v] = n
         if name in opcost.IN_PLACE:
             written = nbytes(root.operands[-1]) if name == "scatter" else nbytes(root.operands[1])
         else:
             written = sum(nbytes(r) for r in root.results)
         moved = sum(reads.values()) + written
-
-        compute = 0.0
-        for op in members:
-            if op in claimed:  # a producer duplicated into several kernels is charged once
-                continue
-            claimed.add(op)
-            work = self.memo.get(op)
-            if work is None:
-                work = self.memo[op] = (*opcost.op_work(op), opcost.compute_element(op),
-                                        opcost.is_matrix_op(op))
-            flops, trans, known, element, matrix = work
-            if not known:
-                cost.unknown_ops.add(op.name)
-            cost.flops += flops
-            cost.transcendentals += trans
-            if matrix:
-                compute += self.hw.matmul_seconds(flops, element)
-            else:
-                vector = flops + (opcost.TRANSCENDENTAL_FLOPS - 1.0) * trans
-                compute += vector / self.hw.vector_flops_for(element)
-        memory = self.hw.memory_seconds(moved)
-        duration = max(compute, memory) + self.hw.kernel_overhead_s
+        memory = hw.memory_seconds(moved)
+        duration = max(compute, memory) + hw.kernel_overhead_s
         cost.bytes += moved
         cost.kernels += 1
         cost.compute_s += duration
         return Kernel(root, list(reads), list(root.results), "compute", duration,
-                       compute_s=duration, shareable=shareable_inputs(root, members, reads))
+                      compute_s=duration, shareable=None, ops=members)
 
     def _compound(self, op: Op, cost: BlockCost) -> Kernel:
         """A while loop (body + condition, times the trip count) or the costliest branch."""

@@ -24,8 +24,9 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
     program)."""
     n = len(kernels)
     produced = {r: i for i, k in enumerate(kernels) for r in k.outputs}
-    reads = [list(dict.fromkeys(owner.get(v, v) for v in k.inputs)) for k in kernels]
-    reads = [[o for o in rs if o in produced] for rs in reads]
+    get = owner.get
+    reads = [[o for o in dict.fromkeys([get(v, v) for v in k.inputs]) if o in produced]
+             for k in kernels]
     held: set[Value] = set()  # buffers never freed inside this block
     for v in returns:
         o = owner.get(v, v)
@@ -41,44 +42,50 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
                 seen.add(key)
 
     order = memory_order(kernels, reads, produced, held, kinds)
-    pos = {j: p for p, j in enumerate(order)}
+    pos = [0] * n  # kernel -> its position in `order`
+    for p, j in enumerate(order):
+        pos[j] = p
     last: dict[Value, int] = {o: pos[i] for o, i in produced.items()}
     for j, rs in enumerate(reads):
+        p = pos[j]
         for o in rs:
-            last[o] = max(last[o], pos[j])
+            if last[o] < p:
+                last[o] = p
     for o in held:
         last[o] = n
-    counted = (lambda o: kinds.get(o) == "temp" and o not in held) if top else (
-        lambda o: kinds.get(o) == "temp")
 
     # Physical buffers, with in-place reuse of same-sized temporaries read for the last time.
     phys: dict[Value, list[int]] = {}  # owner -> [size, start, end] (shared when reused)
     outputs: list[list[int]] = []  # top level: [size, first use] of returned temporaries
     for p, j in enumerate(order):
         k = kernels[j]
-        dying = [o for o in reads[j] if o in phys and last[o] == p and o not in held]
+        dying = [o for o in reads[j] if last[o] == p and o in phys and o not in held]
         for r in k.outputs:
+            size = nbytes(r)
             donor = None
-            if k.shareable:
-                share = {owner.get(v, v) for v in k.shareable}
-                donor = next((o for o in dying if o in share and phys[o][0] == nbytes(r)),
-                             None)
-            if not counted(r):
+            if dying:
+                if k.shareable is None and any(phys[o][0] == size for o in dying):
+                    k.shareable = shareable_inputs(k.root, k.ops, k.inputs)
+                if k.shareable:
+                    share = {owner.get(v, v) for v in k.shareable}
+                    donor = next((o for o in dying if o in share and phys[o][0] == size), None)
+            temp = kinds.get(r) == "temp"
+            if not temp or (top and r in held):  # not a temporary counted here
                 start = p
                 if donor is not None and r in held:
                     # XLA places the donor in the output's buffer: never a temporary.
                     dying.remove(donor)
                     start = phys[donor][1]
                     phys[donor][0] = 0
-                if top and r in held and kinds.get(r) == "temp":
-                    outputs.append([nbytes(r), start])
+                if top and r in held and temp:
+                    outputs.append([size, start])
                 continue
             if donor is not None:
                 dying.remove(donor)
                 phys[r] = phys[donor]
                 phys[r][2] = max(phys[r][2], last[r])
             else:
-                phys[r] = [nbytes(r), p, last[r]]
+                phys[r] = [size, p, last[r]]
     buffers = [b for b in {id(b): b for b in phys.values()}.values() if b[0]]
     if top:
         buffers = share_output_allocations(buffers, outputs, n)
@@ -86,14 +93,16 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
     for size, start, stop in buffers:
         delta[start] += size
         delta[stop + 1] -= size
-    live = 0
+    live, peak = 0, cost.temp_peak
     for p in range(n + 1):
         live += delta[p]
         extra = kernels[order[p]].transient if p < n else 0
-        cost.temp_peak = max(cost.temp_peak, live + extra)
+        if live + extra > peak:
+            peak = live + extra
+    cost.temp_peak = peak
 
 
-def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tuple[Value, ...]:
+def shareable_inputs(root: Op, members: list[Op], reads: Sequence[Value]) -> tuple[Value, ...]:
     """Inputs a kernel may overwrite in place, as XLA's CanShareOperandBufferWithUser allows:
     the updated operand of `dynamic_update_slice`/`scatter`, and for an elementwise kernel the
     inputs of the result's shape that every fused op reading them uses elementwise on the way
@@ -104,6 +113,8 @@ def shareable_inputs(root: Op, members: list[Op], reads: dict[Value, int]) -> tu
     if name not in _ELEMENTWISE or len(root.results) != 1:
         return ()
     shape = root.results[0].type.shape
+    if not any(v.type.is_tensor and v.type.shape == shape for v in reads):
+        return ()  # no input of the result's shape (as for most reductions' and dots' users)
     inside = set(members)
     users: dict[Op, list[Op]] = {}
     # The members reading each value, in member order (one pass, not a scan of every

@@ -78,10 +78,11 @@ def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], hardwa
         out[group.members[-1]] = merged
 
     for k in kernels:
-        readers_of = {pending[owner.get(v, v)] for v in k.inputs
-                      if owner.get(v, v) in pending}
-        for key in readers_of:
-            close(key)
+        if pending:  # else no group is open
+            readers_of = {pending[owner.get(v, v)] for v in k.inputs
+                          if owner.get(v, v) in pending}
+            for key in readers_of:
+                close(key)
         key = _key(k, combined)
         if key is None:
             out.append(k)

@@ -19,7 +19,7 @@ from partir_plugin.extend import (
     collective_kind,
 )
 
-from .opcost import short_name
+from .opcost import SHORT_NAMES
 
 # Unmarked StableHLO collectives (e.g. from shard_map) by op name.
 _OP_KINDS = {
@@ -65,7 +65,7 @@ def communication_kind(op: Op) -> Collective | None:
     kind = collective_kind(op)
     if kind is not None:
         return kind if kind.counted else None
-    return _OP_KINDS.get(short_name(op))
+    return _OP_KINDS.get(SHORT_NAMES[op.name])
 
 
 def collective_cost(op: Op, mesh: Mesh, hardware, count: int = 1) -> CollectiveCost:

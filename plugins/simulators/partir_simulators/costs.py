@@ -10,7 +10,8 @@ from partir_plugin.extend import CollectiveCost, Op, TimelineEvent, Value
 
 def nbytes(v: Value) -> int:
     """Bytes of a tensor value (0 for tokens and other non-tensors)."""
-    return v.type.nbytes if v.type.is_tensor else 0
+    t = v.type
+    return 0 if t.opaque else t.nbytes
 
 
 @dataclass
@@ -26,8 +27,11 @@ class Kernel:
     compute_s: float = 0.0
     comm_s: float = 0.0
     transient: int = 0
-    # Inputs whose buffer the result may take over when read for the last time.
-    shareable: tuple[Value, ...] = ()
+    # Inputs whose buffer the result may take over when read for the last time. None for a
+    # compute kernel until buffer assignment finds a same-sized input dying there and asks
+    # (`buffers.shareable_inputs` of `ops`): most kernels never need it.
+    shareable: tuple[Value, ...] | None = ()
+    ops: list[Op] = field(default_factory=list)  # a compute kernel's root and fused producers
     collective: CollectiveCost | None = None  # a collective's cost record
     members: list[Kernel] = field(default_factory=list)  # a combined collective's parts
     # A loop or branch: the blocks that run, in order, `repeats` times (for timelines).

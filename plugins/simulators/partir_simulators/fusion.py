@@ -10,11 +10,12 @@ kernel reads; such a value is computed once, by a kernel of its own, and materia
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from partir_plugin.extend import Op, Value
 
 from . import opcost
-from .comm import communication_kind
-from .opcost import short_name
+from .opcost import SHORT_NAMES, short_name
 
 # The elementwise ops XLA's `InstructionFusion::IsExpensive` (xla/service/instruction_fusion.cc)
 # lists as expensive: fusion does not duplicate them into a second consumer
@@ -58,6 +59,10 @@ def library_reduction(op: Op) -> bool:
     return len(body) == 1 and body[0] in LIBRARY_REDUCERS
 
 
+# Ops HloCSE may merge (pure, one result, no regions).
+_CSE_CANDIDATES = opcost.FUSIBLE | {"constant"}
+
+
 def common_subexpressions(ops: list[Op], returned: set[Value]) -> dict[Value, Value]:
     """Results of pure ops that repeat an earlier op on the same operands -> that op's result.
 
@@ -67,22 +72,32 @@ def common_subexpressions(ops: list[Op], returned: set[Value]) -> dict[Value, Va
     """
     first: dict[tuple, Value] = {}
     same: dict[Value, Value] = {}
+    names = SHORT_NAMES
     for op in ops:
-        name = short_name(op)
-        if (len(op.results) != 1 or op.regions or op.results[0] in returned
-                or (name not in opcost.FUSIBLE and name != "constant")):
+        results = op.results
+        if len(results) != 1 or op.regions or names[op.name] not in _CSE_CANDIDATES:
             continue
-        key = (op.name, tuple([id(same.get(v, v)) for v in op.inputs]),
-               tuple(sorted(op.attributes.items())), op.results[0].type)
-        if key in first:
-            same[op.results[0]] = first[key]
+        result = results[0]
+        if result in returned:
+            continue
+        # Operands by identity (`Value` has no __eq__), attributes in key order (one or none,
+        # for most ops: no sort), the type by its fields (hashing the frozen dataclass is a
+        # Python call per key).
+        attrs, t = op.attributes, result.type
+        key = (op.name, tuple([same.get(v, v) for v in op.inputs]),
+               tuple(sorted(attrs.items()) if len(attrs) > 1 else attrs.items()),
+               t.shape, t.element, t.opaque)
+        original = first.get(key)
+        if original is None:
+            first[key] = result
         else:
-            first[key] = op.results[0]
+            same[result] = original
     return same
 
 
 def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op]],
-                 duplicate_expensive: bool = True, library_reductions: bool = False,
+                 collectives: Collection[Op] = (), duplicate_expensive: bool = True,
+                 library_reductions: bool = False,
                  same: dict[Value, Value] | None = None) -> set[Value]:
     """The results of `ops` (one block, program order) that are fused into their users.
 
@@ -95,31 +110,41 @@ def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op
     (XLA:CPU) a value read by a library reduction (`library_reduction`) and another kernel is
     materialised, cheap or not: e.g. the broadcast of a norm's scale or rsqrt that the
     backward pass multiplies into both the input gradient and the scale's gradient sum.
-    `same` (`common_subexpressions`) maps repeated values to the one `users` is keyed by; a
-    repeat is fused when its original is.
+    `collectives` are the ops of `ops` that communicate (`communication_kind`): they absorb
+    nothing. `same` (`common_subexpressions`) maps repeated values to the one `users` is
+    keyed by; a repeat is fused when its original is.
     """
     same = same or {}
+    names = SHORT_NAMES
+    # The ops that can absorb a fused producer, decided once per op rather than per read.
+    consumers = {op for op in ops
+                 if names[op.name] in opcost.FUSION_CONSUMERS and op not in collectives
+                 and op.results and (len(op.results) == 1 or names[op.name] == "reduce")}
     fused: set[Value] = set()
     homes: dict[Value, frozenset[Op]] = {}  # fused value -> the kernels it is fused into
     for op in reversed(ops):  # users before producers: a user's fate is known
-        name = short_name(op)
-        if len(op.results) != 1 or name not in opcost.FUSIBLE or op.regions or (
-                op.results[0] in same):
+        results = op.results
+        if len(results) != 1 or op.regions:
             continue
-        v = op.results[0]
-        us = users.get(v, [])
-        if v in returned or not us:
+        name = names[op.name]
+        v = results[0]
+        if name not in opcost.FUSIBLE or v in same or v in returned:
             continue
-        if all(short_name(u) in opcost.FUSION_CONSUMERS and communication_kind(u) is None
-               and u.results and (len(u.results) == 1 or short_name(u) == "reduce")
-               for u in us):
+        us = users.get(v)
+        if not us or not consumers.issuperset(us):
+            continue
+        if len(us) == 1:  # most values: no union to build
+            u = us[0]
+            kernels = (homes.get(u.results[0]) if len(u.results) == 1 else None
+                       ) or frozenset((u,))
+        else:
             kernels = frozenset().union(*(homes.get(u.results[0], frozenset((u,)))
                                           if len(u.results) == 1 else frozenset((u,))
                                           for u in us))
-            if len(kernels) > 1 and (
-                    (not duplicate_expensive and _expensive(op, name))
-                    or (library_reductions and any(library_reduction(k) for k in kernels))):
-                continue
-            fused.add(v)
-            homes[v] = kernels
+        if len(kernels) > 1 and (
+                (not duplicate_expensive and _expensive(op, name))
+                or (library_reductions and any(library_reduction(k) for k in kernels))):
+            continue
+        fused.add(v)
+        homes[v] = kernels
     return fused | {d for d, v in same.items() if v in fused}

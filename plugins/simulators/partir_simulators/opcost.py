@@ -53,21 +53,27 @@ ZERO_FLOP = MOVEMENT | VIEWS | FREE | {
 TRANSCENDENTAL_FLOPS = 4.0
 
 
-_SHORT_NAMES: dict[str, str] = {}  # asked for every op several times per simulation
+class _ShortNames(dict):
+    """Full op name -> short name, filled on first sight. The simulator asks every op's short
+    name a dozen times per simulation: hot loops subscript `SHORT_NAMES[op.name]` (a dict
+    lookup, not a call)."""
 
-
-def short_name(op: Op) -> str:
-    """`stablehlo.add` -> `add` (chlo/mhlo ops too)."""
-    name = op.name
-    short = _SHORT_NAMES.get(name)
-    if short is None:
+    def __missing__(self, name: str) -> str:
         short = name
         for prefix in ("stablehlo.", "chlo.", "mhlo.", "func."):
             if name.startswith(prefix):
                 short = name[len(prefix):]
                 break
-        _SHORT_NAMES[name] = short
-    return short
+        self[name] = short
+        return short
+
+
+SHORT_NAMES = _ShortNames()
+
+
+def short_name(op: Op) -> str:
+    """`stablehlo.add` -> `add` (chlo/mhlo ops too)."""
+    return SHORT_NAMES[op.name]
 
 
 def int_list(text: str, key: str) -> list[int]:
@@ -118,16 +124,19 @@ def _window_size(op: Op) -> int:
 def op_work(op: Op) -> tuple[float, float, bool]:
     """(flops, transcendentals, known) of one op, regions excluded. `known` is False for ops
     this model has no formula for (counted as zero flops but still moving their bytes)."""
-    name = short_name(op)
+    name = SHORT_NAMES[op.name]
     out = op.results[0].type.num_elements if op.results and op.results[0].type.is_tensor else 0
-    if name == "dot_general" or name == "dot":
-        return dot_flops(op), 0.0, True
-    if name == "convolution":
-        return convolution_flops(op), 0.0, True
+    # The common kinds first (the name sets tested here are disjoint: order is speed only).
     if name in ELEMENTWISE:
         return float(out), 0.0, True
     if name in TRANSCENDENTAL:
         return float(out), float(out), True
+    if name in ZERO_FLOP:
+        return 0.0, 0.0, name != "custom_call"
+    if name == "dot_general" or name == "dot":
+        return dot_flops(op), 0.0, True
+    if name == "convolution":
+        return convolution_flops(op), 0.0, True
     if name == "reduce":
         n_inputs = max(len(op.operands) // 2, 1)
         return float(op.operands[0].type.num_elements * _region_op_count(op) / n_inputs), 0.0, True
@@ -159,14 +168,43 @@ def op_work(op: Op) -> tuple[float, float, bool]:
         return float(8 * op.operands[0].type.num_elements), 0.0, True
     if name == "batch_norm_grad":
         return float(12 * op.operands[0].type.num_elements), 0.0, True
-    if name in ZERO_FLOP:
-        return 0.0, 0.0, name != "custom_call"
     return 0.0, 0.0, False
+
+
+# (flops, transcendentals, known, compute element, matrix op): what costing one op needs.
+Work = tuple[float, float, bool, str, bool]
+
+
+# Ops whose work is a function of their name and result type alone.
+_BY_RESULT = ELEMENTWISE | TRANSCENDENTAL | (ZERO_FLOP - {"custom_call"})
+
+
+def work(op: Op, memo: dict | None = None) -> Work:
+    """`op_work`, `compute_element` and `is_matrix_op` of one op, together, kept in `memo` (a
+    dict the caller keeps across programs): an elementwise or flop-free op with one result
+    under its name and result type, which determine its work (unrolled layers and the
+    programs after each tactic repeat those signatures thousands of times), any other op
+    under the op itself."""
+    if memo is None:
+        return (*op_work(op), compute_element(op), is_matrix_op(op))
+    results = op.results
+    if len(results) == 1 and SHORT_NAMES[op.name] in _BY_RESULT:
+        t = results[0].type
+        key: object = (op.name, t.shape, t.element, t.opaque)
+    else:
+        key = op
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = (*op_work(op), compute_element(op), is_matrix_op(op))
+    return found
+
+
+_MATRIX = frozenset({"dot_general", "dot", "convolution"})
 
 
 def compute_element(op: Op) -> str:
     """The element type whose peak applies: the inputs' for a matmul, else the result's."""
-    vals = op.operands if short_name(op) in ("dot_general", "dot", "convolution") else op.results
+    vals = op.operands if SHORT_NAMES[op.name] in _MATRIX else op.results
     for v in vals or op.operands:
         if v.type.is_tensor:
             return v.type.element
@@ -174,4 +212,4 @@ def compute_element(op: Op) -> str:
 
 
 def is_matrix_op(op: Op) -> bool:
-    return short_name(op) in ("dot_general", "dot", "convolution")
+    return SHORT_NAMES[op.name] in _MATRIX

@@ -19,7 +19,7 @@ def list_schedule(kernels: list[Kernel], owner: dict[Value, Value], overlap: boo
     ready: dict[Value, float] = {}
     free = {"compute": 0.0, "comm": 0.0}
     for k in kernels:
-        start = max((ready.get(owner.get(v, v), 0.0) for v in k.inputs), default=0.0)
+        start = max([ready.get(owner.get(v, v), 0.0) for v in k.inputs], default=0.0)
         if k.stream == "both" or not overlap:
             start = max(start, free["compute"], free["comm"])
             end = start + k.duration
@@ -65,12 +65,15 @@ def timeline_events(kernels: list[Kernel], starts: list[float]) -> list[Timeline
                                         tuple(k.inputs), tuple(k.outputs)))
             events += inner
             continue
-        members = k.members or [k]
         name = short_name(k.root)
-        if len(members) > 1:
-            name = f"{name} x{len(members)} (combined)"
-        events.append(TimelineEvent(
-            name, k.stream, start, k.duration, tuple(m.root for m in members),
-            tuple(m.collective for m in members if m.collective is not None),
-            tuple(k.inputs), tuple(k.outputs)))
+        if k.members:  # a combined collective
+            ops = tuple(m.root for m in k.members)
+            collectives = tuple(m.collective for m in k.members if m.collective is not None)
+            if len(k.members) > 1:
+                name = f"{name} x{len(k.members)} (combined)"
+        else:
+            ops = (k.root,)
+            collectives = (k.collective,) if k.collective is not None else ()
+        events.append(TimelineEvent(name, k.stream, start, k.duration, ops, collectives,
+                                    tuple(k.inputs), tuple(k.outputs)))
     return events
