@@ -680,12 +680,15 @@ class _Lowering:
 
     def use(self, v: Value, want: Layout) -> Value:
         x, have = self.local[v]
-        key = (v, want)
-        if have != want and self._regathered(v):
+        if have is want or have == want:  # most edges: nothing to convert
+            return x
+        if self._regathered(v):
             return self._convert(v, x, have, want)  # each consumer gathers afresh
-        if key not in self.converted:
-            self.converted[key] = self._convert(v, x, have, want)
-        return self.converted[key]
+        key = (v, want)
+        y = self.converted.get(key)
+        if y is None:
+            y = self.converted[key] = self._convert(v, x, have, want)
+        return y
 
     def _regathered(self, v: Value) -> bool:
         """Is `v` gathered afresh for each consumer: a value the tactic asked for
