@@ -579,7 +579,7 @@ class LoweringCache:
         self.args: dict[tuple[Value, Layout], Value] = {}
         # (op name, nest, input types, result types) -> what lowering such an op needs
         self.op_plans: dict[tuple, _OpPlan] = {}
-        self.ops: dict[tuple, _Segment] = {}  # (op, nest, forwarded sums) -> its code
+        self.ops: dict[tuple, _Segment] = {}  # (op, its plan, forwarded sums) -> its code
         self.conversions: dict[tuple[Value, Layout, Layout], _Segment] = {}
 
     def trim(self) -> None:
@@ -823,7 +823,7 @@ class _Lowering:
             inputs = [self.use(v, lay) for v, lay in zip(op.inputs, wanted)]
         caching = self.cache is not None and self.top and not op.captures
         if caching:
-            key = (op, nest, forwarded)
+            key = (op, plan, forwarded)  # the plan stands for the nest (`_plan`)
             hit = self.cache.ops.get(key)
             if hit is not None and self._reuse(hit, inputs):
                 for r, local in zip(op.results, hit.outputs):
@@ -853,13 +853,15 @@ class _Lowering:
                                            [self.local[r] for r in op.results])
 
     def _plan(self, op: Op, nest: tuple) -> _OpPlan:
-        """The op's `_OpPlan` in `nest`. A plan depends on the op's name, types and nest alone
-        (a gather's masks also on its dimension numbers: planned per op), and a program has
-        few distinct ones (148 for the 8.8k ops of a 16-layer decoder): shared by value."""
+        """The op's `_OpPlan` in `nest`, one object per distinct plan. A plan depends on the
+        op's name, types and nest alone (a gather's masks also on its dimension numbers:
+        planned per op), and a program has few distinct ones (148 for the 8.8k ops of a
+        16-layer decoder): shared by value."""
         if op.name == "stablehlo.gather":
-            return _OpPlan.make(op, nest, self.mesh)
-        key = (op.name, nest, tuple([v.type for v in op.inputs]),
-               tuple([r.type for r in op.results]))
+            key = (op, nest)
+        else:
+            key = (op.name, nest, tuple([v.type for v in op.inputs]),
+                   tuple([r.type for r in op.results]))
         plan = self.op_plans.get(key)
         if plan is None:
             plan = self.op_plans[key] = _OpPlan.make(op, nest, self.mesh)
