@@ -690,6 +690,16 @@ class _Lowering:
             y = self.converted[key] = self._convert(v, x, have, want)
         return y
 
+    def _inputs(self, values: list[Value], wanted) -> list[Value]:
+        """`use` of each of `values` in the layout `wanted` of it: the local value itself
+        where it has that layout already (most edges), without a call per edge."""
+        local = self.local
+        out = []
+        for v, want in zip(values, wanted):
+            x, have = local[v]
+            out.append(x if have is want else self.use(v, want))
+        return out
+
     def _regathered(self, v: Value) -> bool:
         """Is `v` gathered afresh for each consumer: a value the tactic asked for
         (`state.regather`), or one computed from such a value by layout ops alone (a norm
@@ -820,7 +830,7 @@ class _Lowering:
             inputs = [self.local[v][0] if i in linear else self.use(v, lay)
                       for i, (v, lay) in enumerate(zip(op.inputs, wanted))]
         else:
-            inputs = [self.use(v, lay) for v, lay in zip(op.inputs, wanted)]
+            inputs = self._inputs(op.inputs, wanted)
         caching = self.cache is not None and self.top and not op.captures
         if caching:
             key = (op, plan, forwarded)  # the plan stands for the nest (`_plan`)
