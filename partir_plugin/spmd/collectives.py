@@ -97,6 +97,14 @@ def count_collectives(ops) -> dict[str, int]:
 def sliced_all_reduces(ops) -> int:
     """All_reduces whose result is only sliced onto a shard (`all_slice`): a reduce_scatter
     the lowering wrote as all_reduce + slice (`PartitionState.scatter_sums` off)."""
-    reduced = {op.results[0] for op in ops if collective_kind(op) is Collective.ALL_REDUCE}
-    return len({op.operands[0] for op in ops
-                if collective_kind(op) is Collective.ALL_SLICE and op.operands[0] in reduced})
+    # One pass over the ops (a report asks this of every tactic's program), the kinds bound
+    # once (an enum member read from its class is slow).
+    all_reduce, all_slice = Collective.ALL_REDUCE, Collective.ALL_SLICE
+    reduced, sliced = set(), set()
+    for op in ops:
+        kind = collective_kind(op)
+        if kind is all_reduce:
+            reduced.add(op.results[0])
+        elif kind is all_slice:
+            sliced.add(op.operands[0])
+    return len(sliced & reduced)
