@@ -10,6 +10,7 @@ straight from the produced layout to the consumed one, `all_slice(all_gather)` a
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -87,6 +88,18 @@ def _groups_attr(groups: list[list[int]]) -> str:
 def _grouped(groups: list[list[int]]) -> dict[str, str]:
     """all_reduce / all_gather / reduce_scatter attributes: groups of global device ids."""
     return {"replica_groups": _groups_attr(groups), **_CHANNEL, "use_global_device_ids": "unit"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_index(mesh: Mesh, axes: tuple[str, ...]) -> tuple[int, ...]:
+    # Every all_slice asks this, and a program slices over few distinct axes: memoised.
+    out = []
+    for r in range(mesh.size):
+        i = 0
+        for a in axes:
+            i = i * mesh.axis_size(a) + mesh.coord(r, a)
+        out.append(i)
+    return tuple(out)
 
 
 # The integer type a float max/min all-reduce runs on (`_Emitter._all_reduce_ordered`).
@@ -179,13 +192,7 @@ class _Emitter:
 
     def block_index(self, axes: tuple[str, ...]) -> list[int]:
         """Per replica, its block index along `axes` (first axis major)."""
-        out = []
-        for r in range(self.mesh.size):
-            i = 0
-            for a in axes:
-                i = i * self.mesh.axis_size(a) + self.mesh.coord(r, a)
-            out.append(i)
-        return out
+        return list(_block_index(self.mesh, tuple(axes)))
 
     def reducer(self, kind: str, element: str) -> Region:
         scalar = TensorType((), element)
