@@ -14,6 +14,7 @@ read them back without re-deriving mesh axes from replica groups:
 from __future__ import annotations
 
 import enum
+import functools
 import json
 
 from ..ir.graph import Op
@@ -52,9 +53,14 @@ COUNTED_KINDS: tuple[Collective, ...] = tuple(k for k in Collective if k.counted
 
 
 def mark(op: Op, kind: Collective | str, axes) -> Op:
-    op.attributes[KIND_ATTR] = json.dumps(str(Collective(kind)))
-    op.attributes[AXES_ATTR] = "[" + ", ".join(json.dumps(a) for a in axes) + "]"
+    op.attributes[KIND_ATTR], op.attributes[AXES_ATTR] = _mark_texts(kind, tuple(axes))
     return op
+
+
+@functools.lru_cache(maxsize=1024)
+def _mark_texts(kind: Collective | str, axes: tuple[str, ...]) -> tuple[str, str]:
+    # The lowering marks every collective it emits, with few distinct kinds and axes.
+    return json.dumps(str(Collective(kind))), "[" + ", ".join(json.dumps(a) for a in axes) + "]"
 
 
 # Attribute text -> what it says. The marks take a handful of distinct texts, and counting,
