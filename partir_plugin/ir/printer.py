@@ -9,6 +9,10 @@ _DROP = {"sdy.sharding_rule"}
 
 
 class _Names:
+    """SSA names (`%v0`, `%v1`, ...) in order of first appearance. A program's text is printed
+    op by op (tens of thousands of them): names are given a whole operand or result list at a
+    time."""
+
     def __init__(self):
         self.names: dict[Value, str] = {}
 
@@ -18,17 +22,30 @@ class _Names:
             n = self.names[v] = f"%v{len(self.names)}"
         return n
 
+    def join(self, values) -> str:
+        """The names of `values`, comma-separated."""
+        names = self.names
+        out = []
+        for v in values:
+            n = names.get(v)
+            if n is None:
+                n = names[v] = f"%v{len(names)}"
+            out.append(n)
+        return ", ".join(out)
 
-def _attr_dicts(op: Op) -> str:
+
+def _attr_dicts(op: Op) -> tuple[str, str]:
+    """The op's properties (` <{...}>`, with its leading space) and discardable attributes
+    (`{...}`), each empty where it has none."""
+    if not op.attributes:
+        return "", ""
     props, discardable = [], []
     for k, v in op.attributes.items():
         if k in _DROP:
             continue
         (discardable if "." in k else props).append(f"{k} = {v}")
-    s = ""
-    if props:
-        s += " <{" + ", ".join(props) + "}>"
-    return s, ("{" + ", ".join(discardable) + "}" if discardable else "")
+    return (" <{" + ", ".join(props) + "}>" if props else "",
+            "{" + ", ".join(discardable) + "}" if discardable else "")
 
 
 def _print_block(block: Block, names: _Names, indent: str, lines: list[str], header: bool):
@@ -40,25 +57,24 @@ def _print_block(block: Block, names: _Names, indent: str, lines: list[str], hea
 
 
 def _print_op(op: Op, names: _Names, indent: str, lines: list[str]):
-    results = ", ".join(names(r) for r in op.results)
-    lhs = f"{results} = " if op.results else ""
-    operands = ", ".join(names(v) for v in op.operands)
+    lhs = f"{names.join(op.results)} = " if op.results else ""
+    operands = names.join(op.operands)
     props, disc = _attr_dicts(op)
-    in_types = ", ".join(str(v.type) for v in op.operands)
-    out_types = ", ".join(str(r.type) for r in op.results)
+    in_types = ", ".join([str(v.type) for v in op.operands])
+    out_types = ", ".join([str(r.type) for r in op.results])
     if len(op.results) != 1:
         out_types = f"({out_types})"
-    head = f'{indent}{lhs}"{op.name}"({operands}){props}'
+    tail = f"{' ' + disc if disc else ''} : ({in_types}) -> {out_types}"
     if not op.regions:
-        lines.append(f"{head}{' ' + disc if disc else ''} : ({in_types}) -> {out_types}")
+        lines.append(f'{indent}{lhs}"{op.name}"({operands}){props}{tail}')
         return
-    lines.append(head + " ({")
+    lines.append(f'{indent}{lhs}"{op.name}"({operands}){props} ({{')
     for ri, region in enumerate(op.regions):
         for block in region.blocks:
             _print_block(block, names, indent + "    ", lines, header=True)
         if ri + 1 < len(op.regions):
             lines.append(f"{indent}}}, {{")
-    lines.append(f"{indent}}}){' ' + disc if disc else ''} : ({in_types}) -> {out_types}")
+    lines.append(f"{indent}}}){tail}")
 
 
 def print_func(func: Func, name: str = "main", module_attrs: str = "") -> str:

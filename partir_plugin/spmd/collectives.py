@@ -14,6 +14,7 @@ read them back without re-deriving mesh axes from replica groups:
 from __future__ import annotations
 
 import enum
+import functools
 import json
 
 from ..ir.graph import Op
@@ -52,9 +53,14 @@ COUNTED_KINDS: tuple[Collective, ...] = tuple(k for k in Collective if k.counted
 
 
 def mark(op: Op, kind: Collective | str, axes) -> Op:
-    op.attributes[KIND_ATTR] = json.dumps(str(Collective(kind)))
-    op.attributes[AXES_ATTR] = "[" + ", ".join(json.dumps(a) for a in axes) + "]"
+    op.attributes[KIND_ATTR], op.attributes[AXES_ATTR] = _mark_texts(kind, tuple(axes))
     return op
+
+
+@functools.lru_cache(maxsize=1024)
+def _mark_texts(kind: Collective | str, axes: tuple[str, ...]) -> tuple[str, str]:
+    # The lowering marks every collective it emits, with few distinct kinds and axes.
+    return json.dumps(str(Collective(kind))), "[" + ", ".join(json.dumps(a) for a in axes) + "]"
 
 
 # Attribute text -> what it says. The marks take a handful of distinct texts, and counting,
@@ -97,6 +103,14 @@ def count_collectives(ops) -> dict[str, int]:
 def sliced_all_reduces(ops) -> int:
     """All_reduces whose result is only sliced onto a shard (`all_slice`): a reduce_scatter
     the lowering wrote as all_reduce + slice (`PartitionState.scatter_sums` off)."""
-    reduced = {op.results[0] for op in ops if collective_kind(op) is Collective.ALL_REDUCE}
-    return len({op.operands[0] for op in ops
-                if collective_kind(op) is Collective.ALL_SLICE and op.operands[0] in reduced})
+    # One pass over the ops (a report asks this of every tactic's program), the kinds bound
+    # once (an enum member read from its class is slow).
+    all_reduce, all_slice = Collective.ALL_REDUCE, Collective.ALL_SLICE
+    reduced, sliced = set(), set()
+    for op in ops:
+        kind = collective_kind(op)
+        if kind is all_reduce:
+            reduced.add(op.results[0])
+        elif kind is all_slice:
+            sliced.add(op.operands[0])
+    return len(sliced & reduced)

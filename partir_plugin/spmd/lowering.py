@@ -10,6 +10,7 @@ straight from the produced layout to the consumed one, `all_slice(all_gather)` a
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -20,18 +21,18 @@ from ..core.state import PartitionState
 from ..core.tmr import OWN_REDUCER, Sum, pending_sums
 from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
-from ..ir.graph import Block, Func, Op, Region, Value, clone_region, walk
+from ..ir.graph import PARTITIONED_REGIONS, Block, Func, Op, Region, Value, clone_region, walk
 from ..ir.importer import INTERLEAVE_OP, ROLL_OP
 from ..ir.padded_scatter import PADDED_SCATTER_OP
 from ..ir.printer import print_func
 from ..ir.types import TensorType
-from .accumulation import PendingSums, linear_operands
+from .accumulation import CHAIN_OPS, LINEAR_OPERANDS, PendingSums, linear_operands
 from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
 from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
-from .masking import WINDOW_PAD, apply_mask, drop_index_hints, masks
+from .masking import WINDOW_PAD, Mask, apply_mask, drop_index_hints, masks
 from .own_reducer import combine_partials, local_operands, own_identity
 from .provenance import Conversion, mark_origin
 from .rotation import lower_roll
@@ -87,6 +88,18 @@ def _groups_attr(groups: list[list[int]]) -> str:
 def _grouped(groups: list[list[int]]) -> dict[str, str]:
     """all_reduce / all_gather / reduce_scatter attributes: groups of global device ids."""
     return {"replica_groups": _groups_attr(groups), **_CHANNEL, "use_global_device_ids": "unit"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_index(mesh: Mesh, axes: tuple[str, ...]) -> tuple[int, ...]:
+    # Every all_slice asks this, and a program slices over few distinct axes: memoised.
+    out = []
+    for r in range(mesh.size):
+        i = 0
+        for a in axes:
+            i = i * mesh.axis_size(a) + mesh.coord(r, a)
+        out.append(i)
+    return tuple(out)
 
 
 # The integer type a float max/min all-reduce runs on (`_Emitter._all_reduce_ordered`).
@@ -179,13 +192,7 @@ class _Emitter:
 
     def block_index(self, axes: tuple[str, ...]) -> list[int]:
         """Per replica, its block index along `axes` (first axis major)."""
-        out = []
-        for r in range(self.mesh.size):
-            i = 0
-            for a in axes:
-                i = i * self.mesh.axis_size(a) + self.mesh.coord(r, a)
-            out.append(i)
-        return out
+        return list(_block_index(self.mesh, tuple(axes)))
 
     def reducer(self, kind: str, element: str) -> Region:
         scalar = TensorType((), element)
@@ -577,14 +584,15 @@ class LoweringCache:
 
     def __init__(self):
         self.args: dict[tuple[Value, Layout], Value] = {}
-        self.wanted: dict[tuple, list[Layout]] = {}  # (op, nest) -> layouts its inputs need
-        self.ops: dict[tuple, _Segment] = {}  # (op, nest, forwarded sums) -> its code
+        # (op name, nest, input types, result types) -> what lowering such an op needs
+        self.op_plans: dict[tuple, _OpPlan] = {}
+        self.ops: dict[tuple, _Segment] = {}  # (op, its plan, forwarded sums) -> its code
         self.conversions: dict[tuple[Value, Layout, Layout], _Segment] = {}
 
     def trim(self) -> None:
         if len(self.ops) + len(self.conversions) > self.MAX_ENTRIES:
             self.args.clear()
-            self.wanted.clear()
+            self.op_plans.clear()
             self.ops.clear()
             self.conversions.clear()
 
@@ -596,6 +604,57 @@ class _Segment:
     ops: list[Op]
     inputs: list[Value]
     outputs: list
+
+
+# Ops whose lowering puts code around them or lowers them otherwise (`_Lowering._lower_around`):
+# halos, a gathered window's warning, a scan, a marker, a padded scatter, an iota's offset, a
+# lookup's or scatter's index hints, an embedding lookup's vocabulary tile.
+_NOT_PLAIN = WINDOWED_OPS | UNHALOED_OPS | {
+    ROLL_OP, INTERLEAVE_OP, PADDED_SCATTER_OP, "stablehlo.iota", "stablehlo.reduce_window",
+    "stablehlo.gather", "stablehlo.scatter"}
+# Ops whose attributes spell out shapes (`_rewrite_attributes`).
+_SHAPED_ATTRIBUTES = frozenset({"stablehlo.constant", "stablehlo.slice",
+                                "stablehlo.dynamic_slice", "stablehlo.gather"})
+
+
+def _produced(op: Op, nest: tuple, forwarded: tuple, mesh: Mesh) -> list[Layout]:
+    """The layouts the op makes its results in: tiled as the nest tiles them, with the sums
+    it leaves pending (after the ones it forwards)."""
+    return [Layout.from_tiles(r.type.rank, [(a, e.results[j]) for a, e in nest
+                                            if not isinstance(e.results[j], Sum)],
+                              [*forwarded, *pending_sums(nest, j)], mesh)
+            for j, r in enumerate(op.results)]
+
+
+@dataclass(eq=False)
+class _OpPlan:
+    """What lowering an op in its loop nest needs that no other op's lowering changes: the
+    layouts its inputs are converted to, its results' layouts and local types, its masks.
+    Shared by the ops of one name, types and nest (`_Lowering._plan`). Most ops are `plain`:
+    lowered as the op itself on local shapes, none of the code `_lower_around` adds applies
+    to them, so the lowering does not ask for it op by op."""
+
+    wanted: tuple[Layout, ...]
+    produced: tuple[Layout, ...]  # with no sums forwarded (`_Lowering._forwarded_sum`)
+    result_types: tuple[TensorType, ...]
+    masks: tuple[Mask, ...]
+    own: tuple[str, ...]  # the axes of entries whose partials only the op's reducer combines
+    may_forward: bool  # a linear or shape op, which may forward a pending sum
+    plain: bool
+
+    @classmethod
+    def make(cls, op: Op, nest: tuple, mesh: Mesh) -> _OpPlan:
+        wanted = tuple(Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
+                                                       if e.operands[i] is not None], mesh=mesh)
+                       for i, v in enumerate(op.inputs))
+        produced = tuple(_produced(op, nest, (), mesh))
+        result_types = tuple(lay.local_type(r.type, mesh) for lay, r in zip(produced, op.results))
+        found = tuple(masks(op, nest, mesh))
+        own = tuple(a for a, e in nest
+                    if any(isinstance(r, Sum) and not r.pending for r in e.results))
+        return cls(wanted, produced, result_types, found, own,
+                   op.name in CHAIN_OPS or op.name in LINEAR_OPERANDS,
+                   op.name not in _NOT_PLAIN and not found and not own)
 
 
 # Ops that only re-lay out their one operand: a value they compute from a regathered one is
@@ -621,18 +680,32 @@ class _Lowering:
         self.consumer: Op | None = None  # the op being lowered (None: the function's return)
         self.pending = PendingSums(state)  # loop-carried accumulators keep their pending sums
         self._regather_memo: dict[Value, bool] = {}
+        self.op_plans: dict[tuple, _OpPlan] = cache.op_plans if cache is not None else {}
 
     def declared(self, v: Value) -> Layout:
         return Layout.from_tiles(v.type.rank, self.state.tiles_of(v), mesh=self.mesh)
 
     def use(self, v: Value, want: Layout) -> Value:
         x, have = self.local[v]
-        key = (v, want)
-        if have != want and self._regathered(v):
+        if have is want or have == want:  # most edges: nothing to convert
+            return x
+        if self._regathered(v):
             return self._convert(v, x, have, want)  # each consumer gathers afresh
-        if key not in self.converted:
-            self.converted[key] = self._convert(v, x, have, want)
-        return self.converted[key]
+        key = (v, want)
+        y = self.converted.get(key)
+        if y is None:
+            y = self.converted[key] = self._convert(v, x, have, want)
+        return y
+
+    def _inputs(self, values: list[Value], wanted) -> list[Value]:
+        """`use` of each of `values` in the layout `wanted` of it: the local value itself
+        where it has that layout already (most edges), without a call per edge."""
+        local = self.local
+        out = []
+        for v, want in zip(values, wanted):
+            x, have = local[v]
+            out.append(x if have is want else self.use(v, want))
+        return out
 
     def _regathered(self, v: Value) -> bool:
         """Is `v` gathered afresh for each consumer: a value the tactic asked for
@@ -740,7 +813,7 @@ class _Lowering:
 
     def lower_op(self, op: Op) -> None:
         self.consumer = op
-        if op.name in ("stablehlo.while", "stablehlo.case"):
+        if op.name in PARTITIONED_REGIONS:
             self._lower_regions(op)
             return
         if op.results and op.results[0].tag is not None:
@@ -751,58 +824,87 @@ class _Lowering:
             self.local[tagged] = (self.use(op.operands[0], layout), layout)
             return
         nest = self.state.nest_of(op)
-        wanted = self.cache.wanted.get((op, nest)) if self.cache is not None else None
-        if wanted is None:
-            wanted = []
-            for i, v in enumerate(op.inputs):
-                tiles = [(a, e.operands[i]) for a, e in nest if e.operands[i] is not None]
-                wanted.append(Layout.from_tiles(v.type.rank, tiles, mesh=self.mesh))
-            if self.cache is not None:
-                self.cache.wanted[(op, nest)] = wanted
-        forwarded = self._forwarded_sum(op, wanted)
+        plan = self._plan(op, nest)
+        wanted = plan.wanted
+        forwarded = self._forwarded_sum(op, wanted) if plan.may_forward else ()
         if not forwarded and not self.as_produced and op.name == "stablehlo.scatter":
             axes = exchange_axes(self.state, op, nest)
             if axes:
                 self._lower_exchanged_scatter(op, nest, axes)
                 return
-        linear = linear_operands(op, self.pending.chain) if forwarded else ()
-        inputs = [self.local[v][0] if i in linear else self.use(v, lay)
-                  for i, (v, lay) in enumerate(zip(op.inputs, wanted))]
+        if forwarded:
+            linear = linear_operands(op, self.pending.chain)
+            inputs = [self.local[v][0] if i in linear else self.use(v, lay)
+                      for i, (v, lay) in enumerate(zip(op.inputs, wanted))]
+        else:
+            inputs = self._inputs(op.inputs, wanted)
         caching = self.cache is not None and self.top and not op.captures
         if caching:
-            key = (op, nest, forwarded)
+            key = (op, plan, forwarded)  # the plan stands for the nest (`_plan`)
             hit = self.cache.ops.get(key)
             if hit is not None and self._reuse(hit, inputs):
                 for r, local in zip(op.results, hit.outputs):
                     self.local[r] = local
                 return
             start = len(self.body.ops)
-        produced = []
-        for j, r in enumerate(op.results):
-            tiles = [(a, e.results[j]) for a, e in nest if not isinstance(e.results[j], Sum)]
-            produced.append(Layout.from_tiles(r.type.rank, tiles,
-                                              [*forwarded, *pending_sums(nest, j)], self.mesh))
+        produced = (_produced(op, nest, forwarded, self.mesh) if forwarded
+                    else plan.produced)
         operands = inputs[: len(op.operands)]
-        result_types = [lay.local_type(r.type, self.mesh) for lay, r in zip(produced, op.results)]
-        attrs = dict(op.attributes)
-        _rewrite_attributes(op, attrs, operands, result_types)
         regions = []
         if op.regions:  # few ops have any: their captures map into the copies
             env = dict(zip(op.captures, inputs[len(op.operands):]))
             regions = [clone_region(r, env) for r in op.regions]
+        if plan.plain:
+            attrs = op.attributes
+            if op.name in _SHAPED_ATTRIBUTES:
+                attrs = dict(attrs)
+                _rewrite_attributes(op, attrs, operands, plan.result_types)
+            results = self.em.emit(op.name, operands, plan.result_types, attrs,
+                                   regions).results
+        else:
+            results = self._lower_around(op, nest, plan, operands, produced, regions)
+        for r, x, lay in zip(op.results, results, produced):
+            self.local[r] = (x, lay)
+        if caching:
+            self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
+                                           [self.local[r] for r in op.results])
+
+    def _plan(self, op: Op, nest: tuple) -> _OpPlan:
+        """The op's `_OpPlan` in `nest`, one object per distinct plan. A plan depends on the
+        op's name, types and nest alone (a gather's masks also on its dimension numbers:
+        planned per op), and a program has few distinct ones (148 for the 8.8k ops of a
+        16-layer decoder): shared by value."""
+        if op.name == "stablehlo.gather":
+            key = (op, nest)
+        else:
+            key = (op.name, nest, tuple([v.type for v in op.inputs]),
+                   tuple([r.type for r in op.results]))
+        plan = self.op_plans.get(key)
+        if plan is None:
+            plan = self.op_plans[key] = _OpPlan.make(op, nest, self.mesh)
+        return plan
+
+    def _lower_around(self, op: Op, nest: tuple, plan: _OpPlan, operands: list[Value],
+                      produced: list[Layout], regions: list[Region]) -> list[Value]:
+        """An op that is not plain: with the code the lowering puts around it (halos, masks,
+        a vocabulary tile's ids, its own reducer's combination, an iota's offset) or in its
+        place (a scan, a roll or interleave marker, a padded scatter)."""
+        wanted = plan.wanted
+        result_types = plan.result_types
+        attrs = dict(op.attributes)
+        _rewrite_attributes(op, attrs, operands, result_types)
         if op.name in WINDOWED_OPS:
             operands = extend_operands(self.em, op, nest, operands, attrs,
                                        [self.local[v][1] for v in op.inputs], wanted)
         elif op.name in UNHALOED_OPS:
             warn_gathered(op, [self.local[v][1] for v in op.inputs], wanted)
-        for mask in masks(op, nest, self.mesh):
+        for mask in plan.masks:
             if mask.reduction == WINDOW_PAD:
                 continue  # applied before the halo exchange (extend_operands)
             fill = (own_identity(self.em, op, operands, mask.operand)
                     if mask.reduction == OWN_REDUCER else None)
             operands[mask.operand] = apply_mask(self.em, operands[mask.operand], mask, fill)
-        own = tuple(a for a, e in nest
-                    if any(isinstance(r, Sum) and not r.pending for r in e.results))
+        own = plan.own
         if own:
             operands = local_operands(self.em, op, operands)
         drop_index_hints(op, attrs, wanted, self.mesh)
@@ -830,11 +932,7 @@ class _Lowering:
             results = [self._offset_iota(op, results[0], produced[0])]
         if own:
             results = combine_partials(self.em, op, results, operands, own)
-        for r, x, lay in zip(op.results, results, produced):
-            self.local[r] = (x, lay)
-        if caching:
-            self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
-                                           [self.local[r] for r in op.results])
+        return results
 
     def _lower_marker(self, op: Op, x: Value, nest: tuple) -> Value:
         """`partir.roll` / `partir.interleave` (markers.py): data movement along one dimension,
