@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench-redistribution bench-step-time bench-paper-counts \
-	bench-partition-time bench-autopart bench-context-parallel bench-pipeline clean
+	bench-partition-time bench-shard-map-toll bench-autopart bench-context-parallel \
+	bench-pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,9 @@ bench-step-time: $(STAMP)
 
 bench-partition-time: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/partition_time.py
+
+bench-shard-map-toll: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/shard_map_toll.py
 
 bench-autopart: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/autopart.py
