@@ -57,6 +57,18 @@ def add_output_args(parser) -> None:
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
 
 
+def fresh() -> None:
+    """Before a timed compile or partitioning: jax's in-memory caches cleared, and the garbage
+    of the one before collected (a partitioning's IR is cyclic: left to the collector, it is
+    walked, and paid for, inside the next measurement, whichever side that is)."""
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def has_devices(n: int = 8) -> bool:
     """Whether jax sees `n` devices; says how to get them when it does not."""
     import jax

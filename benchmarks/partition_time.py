@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import math
 import os
 import platform
@@ -292,7 +291,7 @@ def breakdown(size: Size) -> None:
     from partir_plugin.pipeline import apply_schedule, trace
     from partir_plugin.runtime.executable import DeviceLocalFunction, jax_mesh_for
 
-    _fresh()
+    harness.fresh()
     mesh = size.family.mesh
     step, args, schedule = size.build()
     t0 = time.perf_counter()
@@ -353,16 +352,6 @@ def _peer(size: Size, in_shardings, out_shardings) -> None:
     size.peer_cpu.append(time.process_time() - cpu)
 
 
-def _fresh() -> None:
-    """Before each measurement: jax's in-memory caches cleared, and the garbage of the one
-    before collected (a partitioning's IR is cyclic: left to the collector, it would be
-    walked, and paid for, inside the next measurement, whichever side that is)."""
-    import jax
-
-    jax.clear_caches()
-    gc.collect()
-
-
 def compare(size: Size, reps: int) -> None:
     """Ours against jax.jit, alternating, fresh functions, caches cleared; after ours'
     compile, the first read of its report (`meta.report()`), timed apart."""
@@ -372,7 +361,7 @@ def compare(size: Size, reps: int) -> None:
         for who in (("ours", "peer") if rep % 2 == 0 else ("peer", "ours")):
             if who == "peer" and shardings is None:
                 continue  # the peer needs our shardings: it runs after ours in rep 0
-            _fresh()
+            harness.fresh()
             if who == "ours":
                 lower, compile_, cpu, meta = _ours(size)
                 size.ours.append((lower, compile_))
@@ -385,7 +374,7 @@ def compare(size: Size, reps: int) -> None:
             else:
                 _peer(size, *shardings)
     if not size.peer:  # one repetition: the peer after ours
-        _fresh()
+        harness.fresh()
         _peer(size, *shardings)
 
 

@@ -16,7 +16,6 @@ per side the minimum over repetitions. A ratio growing with N is XLA's, not ours
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 
 import harness  # noqa: F401  (before jax: 8 CPU devices)
@@ -53,15 +52,12 @@ def _compile_s(n: int, manual: bool) -> float:
 
 def measure(counts: list[int], reps: int) -> list[tuple[int, float, float]]:
     """Per operand count (N, jax.jit s, shard_map s), minima over `reps`, sides alternating."""
-    import jax
-
     rows = []
     for n in counts:
         best = {False: float("inf"), True: float("inf")}
         for rep in range(reps):
             for manual in ((False, True) if rep % 2 == 0 else (True, False)):
-                jax.clear_caches()
-                gc.collect()
+                harness.fresh()
                 best[manual] = min(best[manual], _compile_s(n, manual))
         rows.append((n, best[False], best[True]))
     return rows
