@@ -12,6 +12,7 @@ Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
 from __future__ import annotations
 
 import enum
+import gc
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -235,6 +236,10 @@ class AutomaticPartition:
         for axis in self.axes:
             ctx.mesh.check_axis(axis)
         result = available[name](budget=self.budget, **self.options).search(ctx, self.axes)
+        # The programs a search evaluated, and the searcher, are garbage now (cyclic IR). The
+        # schedule pauses the collector and tenures what it allocated (`gc_paused`), which
+        # would keep them until the interpreter's next full collection: collect them now.
+        gc.collect()
         if isinstance(result, SearchResult):
             result.tactic = self.name
             result.searcher = result.searcher or name

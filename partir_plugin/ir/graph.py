@@ -232,8 +232,9 @@ def tenure() -> None:
     collection its promotion then triggers walks the whole heap for nothing (0.2 s and
     0.4 s after partitioning the GNS at L=32). `gc.freeze()` then `gc.unfreeze()` moves the
     young generations to the oldest in O(1); a cycle among them is freed by the next full
-    collection, whenever the interpreter runs one. Objects someone else froze stay frozen:
-    with any, one middle collection walks the young ones instead.
+    collection, whenever the interpreter runs one, so a pass that leaves much garbage
+    collects it itself first (`AutomaticPartition`, after its search). Objects someone else
+    froze stay frozen: with any, one middle collection walks the young ones instead.
     """
     if gc.get_freeze_count():
         gc.collect(1)
