@@ -219,8 +219,10 @@ def gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        gc.enable()
+        # Tenured before the collector resumes: its first allocation after would otherwise
+        # start a young collection of everything the pass allocated.
         tenure()
+        gc.enable()
 
 
 def tenure() -> None:
