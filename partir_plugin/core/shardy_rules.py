@@ -19,7 +19,7 @@ from ..ir.attributes import parse_array
 from ..ir.graph import Op
 from .scan import scan_entries
 from .tmr import OWN_REDUCER, Sum, TMREntry
-from .windows import halo_entries
+from .windows import UNHALOED_OPS, halo_entries, windowed_dims
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
 _RULE = re.compile(r"#sdy\.op_sharding_rule<\((?P<ins>.*?)\)->\((?P<outs>.*?)\)(?P<rest>.*)>$")
@@ -232,6 +232,13 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     entries = _entries_for_signature(op.rule, reduction, indexed)
     if entries is None:
         return None
+    if op.name in UNHALOED_OPS:
+        entries = _without_moving_dims(op, entries)
+    if op.name == "stablehlo.reshape":
+        # A factor only the result has (a dimension no factorization of the operand's
+        # matches: [5, 3] -> [3, 5]) would need the whole operand on every device, reshaped
+        # and then sliced; run on a tile, the reshape would change its element count.
+        entries = [e for e in entries if e.operands[0] is not None]
     if op.name == "stablehlo.convolution":
         halos = _window_reduction_halos(op)
         entries = [e for e in entries
@@ -241,6 +248,16 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     if op.name == "stablehlo.reduce_window":
         entries = [*entries, *scan_entries(op, reduce_kind(op))]
     return list(entries)
+
+
+def _without_moving_dims(op: Op, entries) -> list[TMREntry]:
+    """`entries` less those tiling a dimension along which the op moves rows. Shardy calls
+    a `pad` dimension pointwise whenever its size is unchanged (a crop of one row on one side
+    and a row of padding on the other: a shift), but each tile would be shifted on its own,
+    without the rows its neighbour holds (issue 33)."""
+    moving = windowed_dims(op)
+    return [e for e in entries
+            if not any(e.operands[i] in dims for i, dims in moving.items())]
 
 
 @functools.lru_cache(maxsize=16384)

@@ -90,6 +90,8 @@ def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
         name = state.mesh.spelling(SubAxis(sub.parent, pre, size))
         pre *= size
         entry = _entry(rule, tensors, factor, len(op.operands))
+        if entry.results[0] is None or all(d is None for d in entry.operands):
+            return None  # a factor of one side only: no loop runs the op on tiles of both
         pieces.append(Piece(name, factor, entry))
     if not _consistent(state, op, axis, pieces, values, tensors, rule):
         return None

@@ -97,6 +97,9 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
     low, high = (parse_i64_array(op.attributes.get(k, "")) or [0] * rank
                  for k in ("edge_padding_low", "edge_padding_high"))
     keep = list(low)
+    # Rows of the tile no window reads (a stride longer than the window: the halo is
+    # negative) are not in the extended image; the result holds the init value there.
+    unread_lo, unread_hi = [0] * rank, [0] * rank
     for halo, axes in halo_axes(nest):
         k = em.mesh.product(axes)
         rows, src = halo.rows(k), halo.source_rows(k)
@@ -114,7 +117,8 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
             x = _gathered_window(em, x, halo.dim, rows, axes, fill)
             source = _gathered_window(em, source, halo.dim, src, axes, zero)
         low[halo.dim] = high[halo.dim] = 0
-        keep[halo.dim] = rows.left
+        keep[halo.dim] = max(0, rows.left)
+        unread_lo[halo.dim], unread_hi[halo.dim] = max(0, -rows.left), max(0, -rows.right)
     shape = [n + lo + hi for n, lo, hi in zip(x.type.shape, low, high)]
     padded = em.emit("stablehlo.pad", [x, fill], [x.type.with_shape(tuple(shape))],
                      {"edge_padding_low": i64_array(low), "edge_padding_high": i64_array(high),
@@ -122,6 +126,13 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
     attrs = {key: op.attributes[key] for key in WINDOW_ATTRS if key in op.attributes}
     scattered = em.emit("stablehlo.select_and_scatter", [padded, source, init],
                         [padded.type], attrs, regions).results[0]
+    if any(unread_lo) or any(unread_hi):
+        shape = [n + lo + hi for n, lo, hi in zip(scattered.type.shape, unread_lo, unread_hi)]
+        scattered = em.emit("stablehlo.pad", [scattered, init],
+                            [scattered.type.with_shape(tuple(shape))],
+                            {"edge_padding_low": i64_array(unread_lo),
+                             "edge_padding_high": i64_array(unread_hi),
+                             "interior_padding": i64_array([0] * rank)}).results[0]
     return em.emit("stablehlo.slice", [scattered], [result],
                    {"start_indices": i64_array(keep),
                     "limit_indices": i64_array([s + n for s, n in zip(keep, result.shape)]),

@@ -29,6 +29,7 @@ from ..ir.types import TensorType
 from .accumulation import CHAIN_OPS, LINEAR_OPERANDS, PendingSums, linear_operands
 from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
+from .dynamic_slice import clamped_starts
 from .halo import extend_operands, lower_padded_scatter, warn_gathered
 from .interleave import lower_interleave
 from .layout import Layout
@@ -166,8 +167,16 @@ class _Emitter:
     def tile_starts(self, n: int, axes: tuple[str, ...]) -> list[int]:
         """Per replica, where its tile of a dimension of size `n` tiled over `axes` starts
         (with padded tiles, `core/padding.py`, not simply block index x tile extent)."""
+        return [start for start, _ in self._tile_bounds(n, axes)]
+
+    def tile_valid(self, n: int, axes: tuple[str, ...]) -> list[int]:
+        """Per replica, how many rows of its tile are valid (the rest is padding). Over two
+        axes a tile may be all padding and start where its neighbour's valid rows start."""
+        return [valid for _, valid in self._tile_bounds(n, axes)]
+
+    def _tile_bounds(self, n: int, axes: tuple[str, ...]) -> list[tuple[int, int]]:
         sizes = [self.mesh.axis_size(a) for a in axes]
-        return [tile_bounds(n, sizes, [self.mesh.coord(r, a) for a in axes])[0]
+        return [tile_bounds(n, sizes, [self.mesh.coord(r, a) for a in axes])
                 for r in range(self.mesh.size)]
 
     def pad_to(self, x: Value, dim: int, extent: int) -> Value:
@@ -611,7 +620,7 @@ class _Segment:
 # lookup's or scatter's index hints, an embedding lookup's vocabulary tile.
 _NOT_PLAIN = WINDOWED_OPS | UNHALOED_OPS | {
     ROLL_OP, INTERLEAVE_OP, PADDED_SCATTER_OP, "stablehlo.iota", "stablehlo.reduce_window",
-    "stablehlo.gather", "stablehlo.scatter"}
+    "stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_slice"}
 # Ops whose attributes spell out shapes (`_rewrite_attributes`).
 _SHAPED_ATTRIBUTES = frozenset({"stablehlo.constant", "stablehlo.slice",
                                 "stablehlo.dynamic_slice", "stablehlo.gather"})
@@ -908,6 +917,8 @@ class _Lowering:
         if own:
             operands = local_operands(self.em, op, operands)
         drop_index_hints(op, attrs, wanted, self.mesh)
+        if op.name == "stablehlo.dynamic_slice":
+            operands = clamped_starts(self.em, op, operands, result_types[0])
         k = lookup_dim(op)
         vocab_axes = tuple(a for a, e in nest if k is not None and e.operands[0] == k)
         if vocab_axes:
@@ -927,7 +938,8 @@ class _Lowering:
             results = self.em.emit(op.name, operands, result_types, attrs, regions).results
         if vocab_axes:
             results = [self._zero_foreign_rows(results[0], operands[1],
-                                               operands[0].type.shape[k], offset_dims(op))]
+                                               op.operands[0].type.shape[k], vocab_axes,
+                                               offset_dims(op))]
         if op.name == "stablehlo.iota":
             results = [self._offset_iota(op, results[0], produced[0])]
         if own:
@@ -1043,8 +1055,8 @@ class _Lowering:
         zeros = self.em.splat(0, produced.local_type(result.type, self.mesh))
         rows = zeros.type.shape[k]
         shifted = self._local_ids(op, zeros, local_ids, k, axes)
-        local_updates = self._zero_foreign_rows(local_updates, shifted, rows,
-                                                update_window_dims(op))
+        local_updates = self._zero_foreign_rows(local_updates, shifted, result.type.shape[k],
+                                                axes, update_window_dims(op))
         t = shifted.type
         clamped = self.em.emit("stablehlo.clamp", [self.em.splat(0, t), shifted,
                                                    self.em.splat(rows - 1, t)], [t]).results[0]
@@ -1056,16 +1068,24 @@ class _Lowering:
                          regions).results[0]
         self.local[result] = (x, produced)
 
-    def _zero_foreign_rows(self, values: Value, local_ids: Value, rows: int,
-                           window_dims: list[int]) -> Value:
+    def _zero_foreign_rows(self, values: Value, local_ids: Value, vocab: int,
+                           axes: tuple[str, ...], window_dims: list[int]) -> Value:
         """Rows of `values` (a lookup's result or a scatter's updates: the dimensions not in
-        `window_dims` follow the ids) whose id is not in this tile (of `rows` rows) are zero,
-        so the tiles' partial results add up."""
+        `window_dims` follow the ids) whose id is not among this tile's valid rows of the
+        `vocab` tiled over `axes` are zero, so the tiles' partial results add up (a padded
+        tile's padding rows are no vocabulary rows, whatever they hold)."""
         em, t = self.em, local_ids.type
+        sizes = [self.mesh.axis_size(a) for a in axes]
+        if is_padded(vocab, sizes):
+            valid = em.emit("stablehlo.convert", [em.per_device(em.tile_valid(vocab, axes))],
+                            [TensorType((), t.element)]).results[0]
+            limit = em.broadcast(valid, t)
+        else:
+            limit = em.splat(local_extent(vocab, sizes), t)
         pred_t = TensorType(t.shape, "i1")
         ge = em.emit("stablehlo.compare", [local_ids, em.splat(0, t)], [pred_t],
                      {"comparison_direction": "#stablehlo<comparison_direction GE>"}).results[0]
-        lt = em.emit("stablehlo.compare", [local_ids, em.splat(rows, t)], [pred_t],
+        lt = em.emit("stablehlo.compare", [local_ids, limit], [pred_t],
                      {"comparison_direction": "#stablehlo<comparison_direction LT>"}).results[0]
         inside = em.emit("stablehlo.and", [ge, lt], [pred_t]).results[0]
         # indices [..., 1] -> the result's batch dimensions (those not in offset_dims).

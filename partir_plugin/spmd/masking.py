@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..core.gather import lookup_dim
 from ..core.mesh import Mesh
-from ..core.padding import PaddedDim, is_padded, tile_bounds
+from ..core.padding import PaddedDim, is_padded
 from ..core.scan import ScanEntry
 from ..core.tmr import Sum
 from ..core.windows import HaloEntry
@@ -116,8 +116,7 @@ def apply_mask(em, x: Value, mask: Mask, identity: Value | None = None) -> Value
     the reduction's identity (`identity`, a scalar, where the op gives it: a reduce's init
     value for its own reducer)."""
     p = mask.padded
-    valid = [tile_bounds(p.n, p.sizes, [em.mesh.coord(r, a) for a in p.axes])[1]
-             for r in range(em.mesh.size)]
+    valid = em.tile_valid(p.n, p.axes)
     index_t = TensorType(x.type.shape, "i32")
     rows = em.emit("stablehlo.iota", [], [index_t],
                    {"iota_dimension": f"{mask.dim} : i64"}).results[0]

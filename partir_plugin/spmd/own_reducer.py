@@ -68,6 +68,7 @@ def combine_partials(em, op: Op, partials: list[Value], operands: list[Value],
 
 def _combine_top_k(em, op: Op, partials: list[Value], axes: tuple[str, ...]) -> list[Value]:
     values, local = partials
+    result_types = [values.type, local.type]  # local: other dimensions may be tiled too
     n = op.operands[0].type.shape[-1]
     last = values.type.rank - 1
     sizes = [em.mesh.axis_size(a) for a in axes]
@@ -82,7 +83,7 @@ def _combine_top_k(em, op: Op, partials: list[Value], axes: tuple[str, ...]) -> 
     index, values = em.emit("stablehlo.sort", [index, values], [index.type, values.type],
                             {"dimension": f"{last} : i64", "is_stable": "true"},
                             [_ascending(index.type.element, values.type.element)]).results
-    best, where = em.emit(TOP_K, [values], [r.type for r in op.results],
+    best, where = em.emit(TOP_K, [values], result_types,
                           dict(op.attributes)).results
     # The winners' global indices: index[where], as a one-hot sum over the candidates.
     candidates = index.type.shape[-1]
