@@ -10,16 +10,19 @@ op may follow any other. `build` turns a recipe into a Python function, which hy
 shrinks to a small failing recipe.
 
 Op kinds (`OP_KINDS`), each with its whole attribute space:
-  elementwise: unary, binary (incl. compare+select), clamp, iota
+  elementwise: unary (incl. custom-jvp softplus/gelu, rounding, a bfloat16 round trip),
+    binary (incl. compare+select), clamp, iota
   contraction: dot (dot_general with 1-2 contracting and 0-1 batch dimensions)
-  reductions: reduce (sum/max/min over 1-2 dims), argreduce (argmax/argmin)
+  reductions: reduce (sum/max/min over 1-2 dims), argreduce (argmax/argmin, any/all),
+    normalize (softmax, log_softmax, logsumexp, standardize along a dim)
   layout: transpose, broadcast (incl. expanding size-1 dims), reshape (split, merge, unit
     dims, and re-factorings whose tiles do not line up: 10x8 -> 16x5)
   data movement: slice (start/limit/stride), pad (negative, interior, asymmetric:
     `PAD_LOW_HIGH` x `PAD_INTERIOR`), concatenate (unequal sizes), reverse (1-2 dims), roll
     (`partir_plugin.roll` and `jnp.roll`)
   indexing: gather (`jnp.take` at constant indices, modes clip/fill with out-of-range ids),
-    embed (table[int ids], ids of rank 1-2 with negative and out-of-range values),
+    embed (table[int ids], ids of rank 1-2 with negative and out-of-range values, or ids
+    computed on the devices), gather_nd (points of two dims),
     take_along (int ids), scatter (constant indices: add/set/max/min), scatter_ids (int ids,
     out-of-range dropped), dslice / dupdate (dynamic_slice / dynamic_update_slice with traced
     starts that jax clamps)
@@ -67,18 +70,24 @@ UNARY: dict[str, Callable] = {
     "sin": jnp.sin, "cos": jnp.cos, "tanh": jnp.tanh, "neg": jnp.negative, "abs": jnp.abs,
     "erf": lax.erf, "logistic": lax.logistic, "atan": jnp.arctan, "half": lambda x: x * 0.5,
     "relu": lambda x: jnp.maximum(x, 0), "log1p_abs": lambda x: jnp.log1p(jnp.abs(x)),
-    "square": jnp.square}
+    "square": jnp.square, "softplus": jax.nn.softplus, "gelu": jax.nn.gelu,
+    "rsqrt1p": lambda x: lax.rsqrt(1 + x * x), "round": lambda x: jnp.round(x * 4) / 4,
+    "rem": lambda x: jnp.remainder(x, 0.3),
+    "bf16": lambda x: x.astype(jnp.bfloat16).astype(x.dtype)}
 BINARY: dict[str, Callable] = {
     "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "max": jnp.maximum,
     "min": jnp.minimum, "select": lambda x, y: jnp.where(x > y, x, y * 0.5),
     "atan2": jnp.arctan2}
 REDUCE = {"sum": lax.add, "max": lax.max, "min": lax.min}
 REDUCE_INIT = {"sum": 0.0, "max": -np.inf, "min": np.inf}
+NORMALIZE = {"softmax": jax.nn.softmax, "log_softmax": jax.nn.log_softmax,
+             "logsumexp": lambda x, axis: jax.nn.logsumexp(x, axis=axis, keepdims=True),
+             "standardize": lambda x, axis: jax.nn.standardize(x, axis=axis, epsilon=1e-3)}
 CUMULATIVE = {"cumsum": lax.cumsum, "cumprod": lax.cumprod, "cummax": lax.cummax,
               "cummin": lax.cummin, "cumlogsumexp": lax.cumlogsumexp}
 
 # Attribute spaces, shared with the TMR verifier's corpus (`tmr_corpus.py`).
-PAD_LOW_HIGH = (-2, -1, 0, 1, 3)  # per side: crop, nothing, pad
+PAD_LOW_HIGH = (-2, -1, 0, 1, 2, 3)  # per side: crop, nothing, pad
 PAD_INTERIOR = (0, 0, 1, 2)
 WINDOW_SIZES = (1, 2, 3)
 WINDOW_STRIDES = (1, 2, 3, 4)  # stride > window included
@@ -188,11 +197,16 @@ def apply_op(spec: tuple, get: Callable) -> jax.Array:
         v = get(x)
         dims = (dims,) if isinstance(dims, int) else dims
         return lax.reduce(v, _c(REDUCE_INIT[kind], v), REDUCE[kind], tuple(dims))
-    if op == "argreduce":  # the index, as a float
+    if op == "argreduce":  # the index (or a boolean reduction), as a float
         _, kind, x, dim = spec
         v = get(x)
+        if kind in ("any", "all"):
+            return getattr(jnp, kind)(v > 0, axis=dim).astype(v.dtype) * 0.1
         f = jnp.argmax if kind == "argmax" else jnp.argmin
         return f(v, axis=dim).astype(v.dtype) * 0.1
+    if op == "normalize":
+        _, kind, x, dim = spec
+        return NORMALIZE[kind](get(x), axis=dim)
     if op == "transpose":
         return lax.transpose(get(spec[1]), spec[2])
     if op == "broadcast":
@@ -232,8 +246,15 @@ def apply_op(spec: tuple, get: Callable) -> jax.Array:
         _, table, ids, mode = spec
         if mode is None:
             return get(table)[get(ids)]
+        if mode == "mod":  # ids computed on the devices: integer remainder, then a lookup
+            t = get(table)
+            return t[jnp.remainder(get(ids) * 3 + 1, t.shape[0])]
         return jnp.take(get(table), get(ids), axis=0, mode=mode,
                         fill_value=0.5 if mode == "fill" else None)
+    if op == "gather_nd":  # x[ids[:, 0], ids[:, 1]]: points of the first two dims
+        _, x, ids = spec
+        i = get(ids)
+        return get(x)[i[:, 0], i[:, 1]]
     if op == "take_along":
         _, x, ids, dim = spec
         return jnp.take_along_axis(get(x), get(ids), axis=dim)
@@ -324,11 +345,11 @@ def apply_op(spec: tuple, get: Callable) -> jax.Array:
     raise AssertionError(spec)
 
 
-OP_KINDS = ("unary", "binary", "clamp", "iota", "dot", "reduce", "argreduce", "transpose",
-            "broadcast", "reshape", "slice", "pad", "concatenate", "reverse", "roll", "gather",
-            "embed", "take_along", "scatter", "scatter_ids", "dslice", "dupdate", "conv",
-            "window", "cumulative", "sort", "top_k", "scan", "scan_xs", "while", "while_data",
-            "cond", "tag")
+OP_KINDS = ("unary", "binary", "clamp", "iota", "dot", "reduce", "argreduce", "normalize",
+            "transpose", "broadcast", "reshape", "slice", "pad", "concatenate", "reverse",
+            "roll", "gather", "embed", "gather_nd", "take_along", "scatter", "scatter_ids",
+            "dslice", "dupdate", "conv", "window", "cumulative", "sort", "top_k", "scan",
+            "scan_xs", "while", "while_data", "cond", "tag")
 NOT_DIFFERENTIABLE = frozenset({"while_data"})  # reverse-mode AD of a data-dependent loop
 
 
@@ -493,7 +514,10 @@ def _draw_op(b: _Builder, kind: str) -> tuple | None:
         dims = b.dims(x) if len(xs) > 1 else (0,)
         return ("reduce", d(st.sampled_from(sorted(REDUCE))), x, dims)
     if kind == "argreduce":
-        return ("argreduce", d(st.sampled_from(["argmax", "argmin"])), x, b.dim(x))
+        return ("argreduce", d(st.sampled_from(["argmax", "argmin", "argmax", "any", "all"])),
+                x, b.dim(x))
+    if kind == "normalize":
+        return ("normalize", d(st.sampled_from(sorted(NORMALIZE))), x, b.dim(x))
     if kind == "transpose":
         if len(xs) < 2:
             return None
@@ -516,8 +540,10 @@ def _draw_op(b: _Builder, kind: str) -> tuple | None:
     if kind == "pad":
         config = [(0, 0, 0)] * len(xs)
         for dim in b.dims(x):
-            config[dim] = (d(st.sampled_from(PAD_LOW_HIGH)), d(st.sampled_from(PAD_LOW_HIGH)),
-                           d(st.sampled_from(PAD_INTERIOR)))
+            lo = d(st.sampled_from(PAD_LOW_HIGH))
+            # Half the time crop one side by what the other is padded (low + high = 0).
+            hi = -lo if d(st.booleans()) else d(st.sampled_from(PAD_LOW_HIGH))
+            config[dim] = (lo, hi, d(st.sampled_from(PAD_INTERIOR)))
         return ("pad", x, d(st.sampled_from([0.0, -0.1, 0.25])), tuple(config))
     if kind == "concatenate":
         dim = b.dim(x)
@@ -540,12 +566,22 @@ def _draw_op(b: _Builder, kind: str) -> tuple | None:
     if kind == "embed":
         table = b.pick(lambda s: len(s) == 2) or b.new_arg((b.size(), b.size()))
         vocab = b.shapes[table][0]
-        mode = d(st.sampled_from([None, None, "clip", "fill"]))
+        mode = d(st.sampled_from([None, None, "clip", "fill", "mod"]))
         lo, hi = (-vocab, vocab - 1) if mode is None else (-vocab - 2, vocab + 2)
         ids_shape = (b.size(),) if d(st.booleans()) else (b.size(), b.size())
         if math.prod(ids_shape) > 64:
             ids_shape = (min(ids_shape[0], 8),)
         return ("embed", table, b.new_int_arg(ids_shape, lo, hi), mode)
+    if kind == "gather_nd":
+        if len(xs) < 2:
+            return None
+        count = d(st.integers(1, 6))
+        values = [d(st.integers(0, n - 1)) for _ in range(count) for n in xs[:2]]
+        b.args.append((count, 2))
+        b.ints.append((len(b.args) - 1, tuple(values)))
+        ids = ("a", len(b.args) - 1)
+        b.int_shapes[ids] = (count, 2)
+        return ("gather_nd", x, ids)
     if kind == "take_along":
         dim = b.dim(x)
         ids_shape = list(xs)
@@ -709,8 +745,8 @@ def _draw_conv(b: _Builder) -> tuple | None:
     return ("conv", x, w, strides, padding, lhs_dil, rhs_dil, groups)
 
 
-KIND_WEIGHTS = {k: 1 for k in OP_KINDS} | {"unary": 2, "binary": 2, "dot": 2, "reshape": 3,
-                                          "tag": 2}
+KIND_WEIGHTS = {k: 1 for k in OP_KINDS} | {"binary": 2, "dot": 2, "reshape": 3, "tag": 2,
+                                          "transpose": 2}
 
 
 @st.composite
@@ -721,8 +757,11 @@ def recipes(draw, kinds: tuple[str, ...] = OP_KINDS, max_ops: int = 5, grad: boo
     b.new_arg(b.shape())
     pool = [k for k in kinds for _ in range(KIND_WEIGHTS.get(k, 1))
             if not (grad and k in NOT_DIFFERENTIABLE)]
+    # A focus kind, drawn for half the ops: a program exercises one op kind in several
+    # configurations and compositions instead of touching many once.
+    focus = draw(st.sampled_from(pool))
     for _ in range(draw(st.integers(1, max_ops))):
-        spec = _draw_op(b, draw(st.sampled_from(pool)))
+        spec = _draw_op(b, focus if draw(st.booleans()) else draw(st.sampled_from(pool)))
         if spec is not None:
             b.add(spec)
     if not b.ops:
@@ -767,8 +806,9 @@ class TileIfPossible:
 
 @st.composite
 def schedules(draw, recipe: Recipe, mesh: dict[str, int]) -> list[TileIfPossible]:
-    """1-4 tactics, each tiling 1-2 argument or tag dimensions on one axis; half the time a
-    target already tiled is tiled again on another axis (a dimension over 2-3 axes)."""
+    """Tactics tiling 1-2 argument or tag dimensions on one axis each: one time in four a
+    target over every mesh axis in turn, then 0-3 more (1-3 otherwise), each pick half the
+    time a target already tiled, again on another axis (a dimension over 2-3 axes)."""
     ints = dict(recipe.ints)
     targets: list[tuple[str, object, int]] = [
         ("arg", i, dim) for i, s in enumerate(recipe.args) for dim in range(len(s))
@@ -782,7 +822,13 @@ def schedules(draw, recipe: Recipe, mesh: dict[str, int]) -> list[TileIfPossible
         return []
     chosen: list[tuple[str, object, int]] = []
     out = []
-    for _ in range(draw(st.integers(1, 4))):
+    if draw(st.integers(0, 3)) == 0:  # one target over every axis of the mesh, in some order
+        kind, target, dim = draw(st.sampled_from(targets))
+        chosen.append((kind, target, dim))
+        for axis in draw(st.permutations(sorted(mesh))):
+            out.append(TileIfPossible(axis, ((target, dim),) if kind == "arg" else (),
+                                      ((target, dim),) if kind == "tag" else ()))
+    for _ in range(draw(st.integers(0 if out else 1, 3))):
         axis = draw(st.sampled_from(sorted(mesh)))
         picks = []
         for _ in range(draw(st.integers(1, 2))):

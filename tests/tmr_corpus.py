@@ -194,14 +194,14 @@ def _window_cases() -> list[Case]:
 
 def _conv_cases() -> list[Case]:
     """1-D convolutions over 13 positions: each kernel size with each stride (beyond the
-    kernel included) and dilation, SAME, VALID and an asymmetric explicit padding (the low
-    side below the dilated kernel: XLA:CPU's float32 convolution is wrong beyond it)."""
+    kernel included), SAME, VALID and an asymmetric explicit padding (the low side below the
+    kernel: XLA:CPU's float32 convolution is wrong beyond it); dilated kernels SAME."""
     cases = []
     for k in CONV_KERNELS:
         for s in CONV_STRIDES:
             for d in sorted(set(CONV_DILATIONS)):
                 eff = (k - 1) * d + 1
-                for pad in ("SAME", "VALID", ((eff - 1, 0),)):
+                for pad in ("SAME", "VALID", ((eff - 1, 0),)) if d == 1 else ("SAME",):
                     spec = ("conv", ("a", 0), ("a", 1), (s,), pad, (1,), (d,), 1)
                     cases.append(_op_case(f"gen_conv_k{k}s{s}d{d}_{pad}", spec,
                                           ((2, 13, 4), (k, 4, 6))))
@@ -241,5 +241,6 @@ def _indexing_cases() -> list[Case]:
     ]
 
 
-GENERATED_CASES = (_pad_cases() + _window_cases() + _conv_cases() + _reshape_cases()
-                   + _indexing_cases())
+GENERATED = {"pad": _pad_cases(), "window": _window_cases(), "conv": _conv_cases(),
+             "reshape": _reshape_cases(), "indexing": _indexing_cases()}
+GENERATED_CASES = [case for cases in GENERATED.values() for case in cases]
