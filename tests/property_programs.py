@@ -267,11 +267,11 @@ def apply_op(spec: tuple, get: Callable) -> jax.Array:
         return getattr(get(x).at[get(ids)], mode)(get(u))
     if op == "dslice":  # starts: per dim an int or a ref to an int scalar (traced)
         _, x, starts, sizes = spec
-        starts = [get(s) if isinstance(s, tuple) else s for s in starts]
+        starts = [get(s) if isinstance(s, tuple) else np.int32(s) for s in starts]
         return lax.dynamic_slice(get(x), starts, sizes)
     if op == "dupdate":
         _, x, u, starts = spec
-        starts = [get(s) if isinstance(s, tuple) else s for s in starts]
+        starts = [get(s) if isinstance(s, tuple) else np.int32(s) for s in starts]
         return lax.dynamic_update_slice(get(x), get(u), starts)
     if op == "conv":
         if len(spec) == 6:  # 1-D: ("conv", x, w, stride, padding, rhs dilation)
