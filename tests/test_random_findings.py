@@ -178,3 +178,61 @@ def test_tag_on_a_size_one_dim_then_einsum_then_another_tag():
 
     assert_matches_jit(fn, [_uniform(1, 8, 16), _uniform(16, 4, seed=1)], CUBE,
                        [mp("a", tags={"h": 0}), mp("b", tags={"y": 2})])
+
+
+# -- Found by our own generator (tests/property_programs.py) once it covered these spaces ----
+
+@pytest.mark.parametrize("shape,to,mesh,inputs", [
+    ((3, 8), (4, 6), CUBE, {"arg0": 1}), ((3, 8), (2, 2, 6), CUBE, {"arg0": 1}),
+    ((6, 6), (4, 9), WIDE, {"arg0": 1})], ids=["3x8->4x6", "3x8->2x2x6", "6x6->4x9"])
+def test_reshape_refactoring_a_tiled_dim(shape, to, mesh, inputs):
+    axis = "b" if mesh is WIDE else "a"
+    assert_matches_jit(lambda arg0: arg0.reshape(to), [_uniform(*shape)], mesh,
+                       [mp(axis, inputs)])
+
+
+def test_reshape_of_a_padded_dim_with_a_second_use():
+    def fn(arg0):
+        return arg0.reshape(2, 4, 37) * 0.5, arg0 * 0.5
+
+    assert_matches_jit(fn, [_uniform(37, 8)], CUBE, [mp("c", {"arg0": 1})])
+
+
+def test_reserved_tag_decided_after_propagation_reaches_it_under_gradients():
+    """docs/tactics.md: a tactic reserves the tags it decides, so an earlier tactic's
+    propagation leaves them; the gradient's copy of the tag too."""
+    def fn(arg0):
+        return partir.tag(jnp.sin(arg0), "h")
+
+    assert_matches_jit(fn, [_uniform(8, 8)], CUBE,
+                       [mp("a", {"arg0": 1}), mp("a", tags={"h": 0})])
+
+
+def test_chained_dynamic_slices_on_a_padded_tiled_dim_follow_stablehlo():
+    """The second start (3) is clamped to 1. XLA folds the two slices of the unpartitioned
+    program into one and clamps the folded start, so jax.jit reads row 6, not row 4: the
+    reference is the program run op by op (`jax.disable_jit`), as StableHLO specifies."""
+    zero = np.int32(0)
+
+    def fn(arg0, arg1, arg2):
+        v = lax.dynamic_slice(arg0, (arg1, zero), (2, 5))
+        return lax.dynamic_slice(v, (arg2, zero), (1, 3))
+
+    args = [np.arange(40, dtype=np.float32).reshape(8, 5), np.int32(3), np.int32(3)]
+    step, _ = partir.jit(fn, CUBE, [mp("c", {"arg0": 1})], uneven_outputs="replicate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+        got = np.asarray(step(*args))
+    with jax.disable_jit():
+        want = np.asarray(fn(*args))
+    np.testing.assert_array_equal(want, args[0][4:5, :3])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_lookup_of_a_lookup_with_ids_tiled_over_two_axes():
+    def fn(arg0, arg1, arg2):
+        return arg0[arg1][arg2]
+
+    args = [_uniform(2, 12), np.array([0, 1], np.int32),
+            np.array([[1, 0, 1, 1], [0, 0, 1, 0]], np.int32)]
+    assert_matches_jit(fn, args, CUBE, [mp("c", {"arg1": 0}), mp("b", {"arg1": 0})])
