@@ -379,8 +379,10 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
         axes = collective_axes(op)
         conv = op.origin if isinstance(op.origin, Conversion) else None
         if conv is None:
+            # Emitted by an op's own lowering (a roll's permutes, a halo exchange): that op.
             key: tuple = ("unattributed", len(sites))
-            reason, served, value = Reason.RESHARD, None, None
+            reason, value = Reason.RESHARD, None
+            served = op.origin if isinstance(op.origin, Op) else None
         else:
             n = ordinal[conv] = ordinal.get(conv, -1) + 1
             value = conv.value
