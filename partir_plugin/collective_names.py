@@ -9,7 +9,9 @@ why, in the scope and at the frames of the op it serves (`ir.printer`'s `op_name
 
 the tactic, the kind and mesh axes, the parameter it gathers or whose gradient it reduces
 (where there is one), the reason, and the `CollectiveRecord` id (`record_id` reads it back),
-so an event in a trace maps to its record in `meta.tactics[i].records`.
+so an event in a trace maps to its record in `meta.tactics[i].records`. Names are made
+while partitioning without parsing a location: the parameter is the one a collective
+gathers (a gradient's parameter, which needs the locations parsed, is in its record).
 
 The tactic is known before the step compiles, without lowering each tactic's program (the
 report's rows do that on another thread while XLA compiles): it is the first tactic after which
@@ -53,18 +55,21 @@ def collective_names(program: SpmdProgram, state: PartitionState,
     tactics = _Tactics(after)
     names: dict[Op, str] = {}
     for site in collective_sites(walk(program.func.ops), state, None, index):
-        record = site.record()
-        op = site.local
+        facts, op = site.facts, site.local
         assert op is not None
-        located = index.located(site.served) if site.served is not None else op
-        where = location_name(located.mlir_location) if located is not None and \
-            located.mlir_location is not None else None
+        # The op it serves (not parsed: `record()`'s search for a located op and a
+        # gradient's parameter parse locations, which partitioning never pays for).
+        served = site.served if site.served is not None else op
+        where = (location_name(served.mlir_location)
+                 if served.mlir_location is not None else None)
         scope = (where or "").rpartition("/")[0]
-        tactic = tactics.of(op.origin, record.kind, record.axes)
-        what = f"{record.kind}[{','.join(record.axes)}]"
+        tactic = tactics.of(op.origin, facts.kind, facts.axes)
+        what = f"{facts.kind}[{','.join(facts.axes)}]"
         label = "/".join(p for p in (scope, tactic, what) if p)
-        param = f" {record.param}" if record.param else ""
-        names[op] = f"{label}{param} ({record.reason}) #{record.id}"
+        param = index.argument_of(site.value) if site.value is not None else None
+        names[op] = f"{label}{' ' + param if param else ''} ({site.reason}) #{facts.id}"
+        if served.mlir_location is not None:  # printed at the served op's frames
+            op.mlir_location = served.mlir_location
     return names
 
 

@@ -24,6 +24,19 @@ _PLAIN = re.compile(r'[ !#-\[\]-~]*')
 UNKNOWN = "loc(unknown)"
 
 
+_IR = None
+
+
+def _mlir():
+    """jaxlib's MLIR bindings, imported on first use (`import partir_plugin` stays light)."""
+    global _IR
+    if _IR is None:
+        from jaxlib.mlir import ir
+
+        _IR = ir
+    return _IR
+
+
 def escape(text: str) -> str:
     """`text` as an MLIR string literal's body (MLIR's `printEscapedString`)."""
     if _PLAIN.fullmatch(text):
@@ -75,7 +88,7 @@ class LocationAliases:
     def has_user_frame(self, loc) -> bool:
         """Does `loc` hold a frame outside the libraries (`locations.is_library_file`)?
         Memoised per node: the frames of a program's ops share their callers."""
-        from jaxlib.mlir import ir
+        ir = _mlir()
 
         key = loc.attr
         found = self._user.get(key)
@@ -100,7 +113,7 @@ class LocationAliases:
         return alias
 
     def _node(self, loc) -> str:
-        from jaxlib.mlir import ir
+        ir = _mlir()
 
         key = loc.attr
         alias = self._nodes.get(key)
@@ -126,7 +139,7 @@ def frames_of(location):
     """The frames of a jax location: what its op-type (`"dot_general:"`) and name-stack
     names hold (the outermost name is the name stack, as `locations.parse_location` reads
     it); None where it has none."""
-    from jaxlib.mlir import ir
+    ir = _mlir()
 
     loc = location
     while isinstance(loc, ir.NameLoc) and loc.name_str.endswith(":"):
