@@ -8,7 +8,7 @@ why, in the scope and at the frames of the op it serves (`ir.printer`'s `op_name
         params/Block_0/attn/query/kernel (gather for use) #c3f2a1b4c5d6
 
 the tactic, the kind and mesh axes, the parameter it gathers or whose gradient it reduces
-(where there is one), the reason, and the `CollectiveRecord` id (`record_id` reads it back),
+(where there is one), the reason, and the `CollectiveRecord` id (`record_ids` reads it back),
 so an event in a trace maps to its record in `meta.tactics[i].records`. Names are made
 while partitioning without parsing a location: the parameter is the one a collective
 gathers (a gradient's parameter, which needs the locations parsed, is in its record).
@@ -39,11 +39,11 @@ from .spmd.provenance import Conversion
 _ID = re.compile(r"#(c[0-9a-f]{12})\b")
 
 
-def record_id(op_name: str) -> str | None:
-    """The `CollectiveRecord.id` in a collective's op name (a profile event's or an HLO
-    instruction's `op_name`), None for an op that is not one of ours."""
-    found = _ID.search(op_name)
-    return found.group(1) if found else None
+def record_ids(op_name: str) -> list[str]:
+    """The `CollectiveRecord.id`s in a collective's op name (a profile event's or an HLO
+    instruction's `op_name`): one, or several where XLA combined collectives into one
+    instruction (its combiners join their names); none for an op that is not ours."""
+    return _ID.findall(op_name)
 
 
 def collective_names(program: SpmdProgram, state: PartitionState,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .collective_names import collective_names
 from .core.actions import Leaf, TacticContext
 from .core.mesh import Mesh
 from .core.padding import PaddingPolicy, UnevenOutputs
@@ -24,7 +25,6 @@ from .errors import PartitionError, UnevenOutputWarning, UnknownNameError
 from .ir.graph import Func, gc_paused, walk
 from .ir.importer import import_lowered
 from .metadata import TacticReport
-from .collective_names import collective_names
 from .records import ProgramIndex, attribute_tactics, collective_sites
 from .simulation import HardwareSpec, SimulationResult
 from .spmd.collectives import sliced_all_reduces
