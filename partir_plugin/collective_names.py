@@ -14,12 +14,8 @@ while partitioning without parsing a location: the parameter is the one a collec
 gathers (a gradient's parameter, which needs the locations parsed, is in its record).
 
 The tactic is known before the step compiles, without lowering each tactic's program (the
-report's rows do that on another thread while XLA compiles): it is the first tactic after which
-every decision the collective depends on, restricted to its mesh axes, is final (the tiling
-of the value it converts and the loop nests of the ops producing and consuming it, or of the
-op whose lowering emitted it). Decisions only append, so that is the tactic whose decisions
-made it, which is the tactic the records attribute it to (`attribute_tactics`: the first row
-whose program has the collective).
+report's rows do that on another thread while XLA compiles): `records.TacticRule`, the one
+rule the records' `tactic` uses too.
 """
 
 from __future__ import annotations
@@ -28,13 +24,10 @@ import re
 from collections.abc import Sequence
 
 from .core.state import PartitionState
-from .ir.graph import Op, Value, walk
+from .ir.graph import Op, walk
 from .ir.locations import location_name
-from .records import ProgramIndex, collective_sites
-from .spmd.collectives import Collective
-from .spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
+from .records import ProgramIndex, TacticRule, collective_sites
 from .spmd.lowering import SpmdProgram
-from .spmd.provenance import Conversion
 
 _ID = re.compile(r"#(c[0-9a-f]{12})\b")
 
@@ -52,7 +45,7 @@ def collective_names(program: SpmdProgram, state: PartitionState,
     """Each counted collective of `program` (lowered from `state`) -> its name; `after`: each
     tactic's name and the state it left, in schedule order."""
     index = index if index is not None else ProgramIndex(state)
-    tactics = _Tactics(after)
+    tactics = TacticRule(after)
     names: dict[Op, str] = {}
     for site in collective_sites(walk(program.func.ops), state, None, index):
         facts, op = site.facts, site.local
@@ -71,85 +64,3 @@ def collective_names(program: SpmdProgram, state: PartitionState,
         if served.mlir_location is not None:  # printed at the served op's frames
             op.mlir_location = served.mlir_location
     return names
-
-
-def _flatten(decisions: tuple):
-    for d in decisions:
-        if isinstance(d, tuple):
-            yield from _flatten(d)
-        else:
-            yield d
-
-
-def _regathered(state: PartitionState, v: Value) -> bool:
-    """Is `v` gathered afresh per consumer (as the lowering decides it: a value Z3 asked
-    for, or one made from it by layout ops alone)?"""
-    while v not in state.regather:
-        op = v.producer
-        if op is None or op.name not in LAYOUT_OPS or len(op.operands) != 1:
-            return False
-        v = op.operands[0]
-    return True
-
-
-def _on(pairs: tuple, axes: frozenset[str]) -> tuple:
-    """The (axis, ...) pairs of `pairs` on `axes` or on a part of one (`model:(1)2`)."""
-    return tuple(p for p in pairs if p[0].split(":")[0] in axes)
-
-
-class _Tactics:
-    """Which tactic made a collective: the first whose state has the final decisions on the
-    collective's axes about what it depends on."""
-
-    def __init__(self, after: Sequence[tuple[str, PartitionState]]):
-        self.after = list(after)
-        self._axes: dict[int, frozenset[str]] = {}
-
-    def _axes_of(self, i: int) -> frozenset[str]:
-        """The mesh axes (whole) the state after tactic `i` has tiled anything on."""
-        axes = self._axes.get(i)
-        if axes is None:
-            state = self.after[i][1]
-            axes = self._axes[i] = frozenset(
-                a.split(":")[0] for tiles in state.tiling.values() for a, _ in tiles)
-        return axes
-
-    def of(self, origin: object, kind: Collective, axes: tuple[str, ...]) -> str:
-        if not self.after:
-            return ""
-        on = frozenset(a.split(":")[0] for a in axes)
-        final = self._decisions(self.after[-1][1], origin, kind, on)
-        if not any(_flatten(final)):
-            # Nothing about its own ops on its axes: a sum forwarded to it from upstream
-            # (`accumulation.py`). The first tactic deciding anything on those axes.
-            return next((name for i, (name, _) in enumerate(self.after)
-                         if on & self._axes_of(i)), self.after[-1][0])
-        for name, state in self.after:
-            if self._decisions(state, origin, kind, on) == final:
-                return name
-        return self.after[-1][0]
-
-    @staticmethod
-    def _decisions(state: PartitionState, origin: object, kind: Collective,
-                   on: frozenset[str]) -> tuple:
-        def made(v: Value) -> tuple:
-            """What decides the layout `v` is made in: its producer's nest (an argument's
-            own tiling)."""
-            if v.producer is None:
-                return _on(state.tiles_of(v), on)
-            return _on(state.nest_of(v.producer), on)
-
-        if isinstance(origin, Conversion):
-            v = origin.value
-            if kind is Collective.ALL_REDUCE:
-                # A sum the producer left pending, whatever the consumer takes of it (on
-                # XLA:CPU a sum wanted tiled is all-reduced, then sliced).
-                return (made(v),)
-            consumer = origin.consumer
-            wanted = (_on(state.nest_of(consumer), on) if consumer is not None
-                      else _on(state.tiles_of(v), on))
-            return (made(v), wanted, _regathered(state, v))
-        if isinstance(origin, Op):  # emitted by the op's own lowering (a roll, a halo)
-            return (_on(state.nest_of(origin), on),
-                    tuple(made(v) for v in origin.inputs))
-        return ()

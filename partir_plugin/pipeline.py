@@ -186,7 +186,8 @@ class TacticReports(Sequence[TacticReport]):
                            else lower_to_spmd(t.state, cache))
                 rows.append(tactic_report(t.name, program, t.state, self._hardware,
                                           t.actions, memo, t.search, index))
-            attribute_tactics((row.name, row.sites) for row in rows)
+            attribute_tactics([(t.name, t.state, row.sites)
+                               for t, row in zip(self._after, rows)])
         return rows
 
     def make_quietly(self) -> None:

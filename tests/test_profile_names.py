@@ -159,10 +159,25 @@ def test_every_collective_names_its_tactic_and_record(compiled):
         for rid in ids:
             record = records[rid]
             what = f"{record.kind}[{','.join(record.axes)}]"
-            assert re.search(rf"(^|/)({'|'.join(tactics)})/{re.escape(what)}", name), name
+            # the tactic the record names (one rule, `records.TacticRule`)
+            assert re.search(rf"(^|/){re.escape(record.tactic)}/{re.escape(what)}", name), (
+                name, record.tactic)
             assert f"({record.reason}) #{rid}" in name
             if record.param and record.reason != "partial sum":  # what it gathers
                 assert f"{what} {record.param} " in name, name
+
+
+def test_the_named_tactic_is_the_first_whose_program_has_the_collective(compiled):
+    """The rule names and records share holds what the records promise: the tactic is the
+    first row (in schedule order) whose program has the collective."""
+    _, _, _, meta, _ = compiled
+    first: dict[str, str] = {}
+    for row in meta.tactics:
+        for r in row.records:
+            first.setdefault(r.id, row.name)
+    wrong = [(r.id, r.kind, r.op, r.tactic, first[r.id]) for r in meta.tactics[-1].records
+             if r.tactic != first[r.id]]
+    assert not wrong, wrong
 
 
 def test_a_parameters_collectives_name_it_under_its_layer():
