@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from test_property import build, recipes
+from property_programs import build, example_args, recipes
 from test_tmr import ELEMENTWISE
-from tmr_corpus import CASES
+from tmr_corpus import CASES, GENERATED
 
 from partir_plugin.core.tmr import Sum, TileMappingRegistry, TMREntry
 from partir_plugin.extend import verify_entry, verify_registry, verify_rule
@@ -46,6 +46,15 @@ def _assert_none_wrong(report):
 
 def test_every_entry_of_the_window_and_data_movement_table_is_true(registry):
     ops = [op for case in CASES for op in _ops(case.step(), *case.args())]
+    _assert_none_wrong(verify_registry(ops, registry))
+
+
+@pytest.mark.parametrize("family", sorted(GENERATED))
+def test_every_entry_of_the_generated_table_is_true(family, registry):
+    """The property test's attribute spaces, one op each: pads of every sign and interior,
+    windows with strides beyond them, convolutions, re-factoring reshapes, indexing with
+    clamped, negative and dropped indices (`tmr_corpus.GENERATED`)."""
+    ops = [op for case in GENERATED[family] for op in _ops(case.step(), *case.args())]
     _assert_none_wrong(verify_registry(ops, registry))
 
 
@@ -82,8 +91,7 @@ def test_every_entry_of_the_models_ops_is_true(registry):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(recipe=recipes())
 def test_every_entry_of_random_programs_is_true(recipe):
-    args = [jnp.asarray(np.random.default_rng(i).normal(size=s), jnp.float32)
-            for i, s in enumerate(recipe.args)]
+    args = example_args(recipe)
     report = verify_registry(_ops(build(recipe), *args), default_registry())
     assert not report.wrong, str(report)
 

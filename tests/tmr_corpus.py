@@ -1,7 +1,14 @@
 """A table of convolution, window and data-movement programs for the TMR verifier and the
 spatial-tiling regression tests: each is a loss of one or two arrays, differentiated, so the
 corpus holds the forward ops and their transposes (input- and weight-gradient convolutions,
-`select_and_scatter` for max pooling, `pad` for `slice`, scatter for gather, ...)."""
+`select_and_scatter` for max pooling, `pad` for `slice`, scatter for gather, ...).
+
+`CASES` is written by hand; `GENERATED_CASES` (the verifier's only) walks the property test's
+attribute spaces (`property_programs.py`): pads with every sign of low/high and interior
+padding, windows with every stride against every size, dilation and padding kind,
+convolutions with strides beyond the kernel and asymmetric padding, re-factoring reshapes,
+and the indexing ops with clamped, negative and dropped indices, each a one-op recipe of the
+same vocabulary."""
 
 from __future__ import annotations
 
@@ -12,6 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from property_programs import (
+    CONV_DILATIONS,
+    CONV_KERNELS,
+    CONV_STRIDES,
+    UNEVEN_RESHAPES,
+    Recipe,
+    build,
+    pad_configs,
+    window_configs,
+)
 
 
 @dataclass(frozen=True)
@@ -24,12 +41,16 @@ class Case:
     shapes: tuple[tuple[int, ...], ...]
     spatial: tuple[tuple[int, int], ...] = ()
     int_args: tuple[int, ...] = ()  # arguments holding indices
+    int_values: tuple[tuple[int, tuple[int, ...]], ...] = ()  # fixed values of some of them
 
     def args(self, seed: int = 0) -> list[jax.Array]:
         rng = np.random.default_rng(seed)
         out = []
+        fixed = dict(self.int_values)
         for i, s in enumerate(self.shapes):
-            if i in self.int_args:
+            if i in fixed:
+                out.append(jnp.asarray(np.reshape(fixed[i], s), jnp.int32))
+            elif i in self.int_args:
                 out.append(jnp.asarray(rng.integers(0, 16, s), jnp.int32))
             else:
                 out.append(jnp.asarray(rng.normal(size=s), jnp.float32))
@@ -119,3 +140,107 @@ CASES = [
          int_args=(1,)),
     Case("top_k", lambda x: (lax.top_k(x, 4)[0] ** 2).sum(), ((4, 16),), ((0, 1), (0, 0))),
 ]
+
+
+# -- generated from the property test's attribute spaces ---------------------------------------
+
+def _op_case(name: str, spec: tuple, shapes: tuple[tuple[int, ...], ...],
+             ints: tuple[tuple[int, tuple[int, ...]], ...] = ()) -> Case:
+    """A one-op recipe of the property test's vocabulary as a loss: its output's sines,
+    weighted by position (so that every element's gradient differs)."""
+    fn = build(Recipe(shapes, (spec,), (("v", 0),), ints))
+
+    def loss(*args):
+        (y,) = fn(*args)
+        return (jnp.sin(y) * jnp.linspace(0.5, 1.5, y.size).reshape(y.shape)).sum()
+
+    return Case(name, loss, shapes, tuple((0, d) for d in range(len(shapes[0]))),
+                int_args=tuple(i for i, _ in ints), int_values=ints)
+
+
+def _sign(v: int) -> int:
+    return (v > 0) - (v < 0)
+
+
+def _pad_cases() -> list[Case]:
+    """One pad per (sign of low, sign of high, interior) class of `pad_configs()`, on the
+    tiled-to-be dimension 0, with a second dimension padded the other way."""
+    seen, cases = set(), []
+    for lo, hi, interior in pad_configs():
+        key = (_sign(lo), _sign(hi), interior)
+        if key in seen:
+            continue
+        seen.add(key)
+        config = ((lo, hi, interior), (hi, lo, 0))
+        cases.append(_op_case(f"gen_pad_{lo}_{hi}_{interior}",
+                              ("pad", ("a", 0), -0.1, config), ((12, 6),)))
+    return cases
+
+
+def _window_cases() -> list[Case]:
+    """Every (window, stride, dilation, padding) of `window_configs()` with a stride beyond
+    the window or explicit padding, as max and average pools over 13 rows."""
+    cases = []
+    for k, (w, s, d, pad) in enumerate(window_configs()):
+        if s <= w and isinstance(pad, str):
+            continue
+        # jax has no gradient of a max/min pool with window dilation
+        kind = ("max", "avg", "min", "sum")[k % 4] if d == 1 else ("avg", "sum")[k % 2]
+        padding = pad if isinstance(pad, str) else (pad,)
+        spec = ("window", kind, ("a", 0), (1,), (w,), (s,), padding, (d,))
+        cases.append(_op_case(f"gen_window_{kind}_w{w}s{s}d{d}_{pad}", spec, ((2, 13, 3),)))
+    return cases
+
+
+def _conv_cases() -> list[Case]:
+    """1-D convolutions over 13 positions: each kernel size with each stride (beyond the
+    kernel included), SAME, VALID and an asymmetric explicit padding (the low side below the
+    kernel: XLA:CPU's float32 convolution is wrong beyond it); dilated kernels SAME."""
+    cases = []
+    for k in CONV_KERNELS:
+        for s in CONV_STRIDES:
+            for d in sorted(set(CONV_DILATIONS)):
+                eff = (k - 1) * d + 1
+                for pad in ("SAME", "VALID", ((eff - 1, 0),)) if d == 1 else ("SAME",):
+                    spec = ("conv", ("a", 0), ("a", 1), (s,), pad, (1,), (d,), 1)
+                    cases.append(_op_case(f"gen_conv_k{k}s{s}d{d}_{pad}", spec,
+                                          ((2, 13, 4), (k, 4, 6))))
+    spec = ("conv", ("a", 0), ("a", 1), (2, 1), ((1, 0), (0, 1)), (2, 1), (1, 2), 2)
+    cases.append(_op_case("gen_conv2d_lhs_dilated_grouped", spec, ((2, 7, 6, 4), (3, 2, 2, 4))))
+    return cases
+
+
+def _reshape_cases() -> list[Case]:
+    return [_op_case(f"gen_reshape_{src}_{dst}", ("reshape", ("a", 0), dst), (src,))
+            for src, dst in UNEVEN_RESHAPES]
+
+
+def _indexing_cases() -> list[Case]:
+    """Gathers, scatters and dynamic slices with indices that are negative, out of range
+    (clamped, filled or dropped) or repeated."""
+    n = 6
+    ids = (-n, n + 1, 2, 2, -1)
+    return [
+        _op_case("gen_take_clip", ("gather", ("a", 0), 0, (-3, 7, 1, 1), "clip"), ((n, 4),)),
+        _op_case("gen_take_fill", ("gather", ("a", 0), 1, (-1, 4, 0), "fill"), ((3, n),)),
+        _op_case("gen_embed_negative_ids", ("embed", ("a", 0), ("a", 1), None),
+                 ((n, 4), (2, 2)), ((1, (-1, 0, 5, -6)),)),
+        _op_case("gen_embed_clip", ("embed", ("a", 0), ("a", 1), "clip"), ((n, 4), (5,)),
+                 ((1, ids),)),
+        _op_case("gen_scatter_ids_dropped", ("scatter_ids", "add", ("a", 0), ("a", 1),
+                                             ("a", 2)), ((n, 3), (5, 3), (5,)), ((2, ids),)),
+        _op_case("gen_scatter_max", ("scatter", "max", ("a", 0), ("a", 1), 1, (0, 3, 3)),
+                 ((2, n), (2, 3)),),
+        _op_case("gen_dslice_clamped", ("dslice", ("a", 0), (("a", 1), 0), (4, 3)),
+                 ((n, 3), ()), ((1, (n + 2,)),)),
+        _op_case("gen_dupdate_clamped", ("dupdate", ("a", 0), ("a", 1), (("a", 2), 1)),
+                 ((n, 3), (4, 2), ()), ((2, (-2,)),)),
+        _op_case("gen_top_k_dim0", ("top_k", ("a", 0), 3, 0, "values"), ((n, 4),)),
+        _op_case("gen_sort_pair", ("sort", ("a", 0), 1, "pair", ("a", 1)), ((3, n), (3, n))),
+        _op_case("gen_cumprod_reverse", ("cumulative", "cumprod", ("a", 0), 0, True), ((n, 2),)),
+    ]
+
+
+GENERATED = {"pad": _pad_cases(), "window": _window_cases(), "conv": _conv_cases(),
+             "reshape": _reshape_cases(), "indexing": _indexing_cases()}
+GENERATED_CASES = [case for cases in GENERATED.values() for case in cases]

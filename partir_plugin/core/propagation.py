@@ -125,7 +125,7 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     entry = candidates[0]
     changed: list[Value] = []
     for v, d in zip(op.inputs, entry.operands):
-        if d is not None and state.dim_of(v, axis) is None:
+        if d is not None and state.dim_of(v, axis) is None and not _reserved(state, v, axis):
             changed += state.tile_value(v, d, axis)  # inference: slice the missing operand
     changed += state.add_loop(op, axis, entry)
     # The producers of the inputs the loop slices now see that slicing (an input the loop
@@ -135,12 +135,20 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     return changed
 
 
+def _reserved(state: PartitionState, v: Value, axis: str) -> bool:
+    """Is `v` a tag a later tactic decides on `axis` (a redistribution point)? A loop that
+    reads it leaves it to that tactic and converts at the edge: tiling it here by inference
+    would decide the tag for the tactic (the gradient's tag, read by a loop the forward
+    tiling reaches, once refused the tactic's own decision)."""
+    return v.producer is not None and (v.producer, axis) in state.boundaries
+
+
 def _split(state: PartitionState, op: Op, pieces: list[Piece]) -> list[Value]:
     """Loop `op` over the parts of an axis (`splitting.py`), slicing the inputs that lack them."""
     changed: list[Value] = []
     for p in pieces:
         for v, d in zip(op.inputs, p.entry.operands):
-            if d is not None:
+            if d is not None and not _reserved(state, v, p.axis):
                 changed += state.tile_value(v, d, p.axis)
     if any(p.at is not None for p in pieces):  # the result tiled apart from the loops
         for axis, d in result_tiles(pieces):

@@ -1,0 +1,180 @@
+"""Regressions from an outside differential tester: random programs, minimized, whose
+partitioned numbers (values and gradients) differed from `jax.jit`'s or that crashed.
+
+Each test partitions a small function under an explicit `ManualPartition` schedule and
+compares the value and the gradient of a scalar of its outputs with the unpartitioned
+`jax.jit`. A `PartitionError` would be a refusal, not a pass: these programs are all
+partitionable, so every one must give jax.jit's numbers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import partir_plugin as partir
+
+CUBE = {"a": 2, "b": 2, "c": 2}
+WIDE = {"a": 4, "b": 2}
+
+
+def mp(axis: str, inputs: dict | None = None, tags: dict | None = None
+       ) -> partir.ManualPartition:
+    """A ManualPartition of argument dims `inputs` and tag dims `tags` on `axis`."""
+    return partir.ManualPartition(inputs or {}, axis=axis, tags=tags or {})
+
+
+def _scalar(outputs) -> jax.Array:
+    """A scalar of every float output: the sum of their mean sines."""
+    leaves = [o for o in jax.tree.leaves(outputs) if jnp.issubdtype(o.dtype, jnp.floating)]
+    return sum(jnp.mean(jnp.sin(o)) for o in leaves)
+
+
+def assert_matches_jit(fn: Callable, args: Sequence, mesh: dict[str, int], schedule: list,
+                       grad: bool = True) -> None:
+    """`fn(*args)` partitioned over `mesh` by `schedule` gives jax.jit's outputs, and (with
+    `grad`) so does the value and gradient (every float argument) of their mean sines."""
+    programs = [fn]
+    if grad:
+        floats = tuple(i for i, a in enumerate(args)
+                       if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating))
+
+        def value_and_grad(*a):
+            return jax.value_and_grad(lambda *b: _scalar(fn(*b)), argnums=floats)(*a)
+
+        programs.append(value_and_grad)
+    for program in programs:
+        step, meta = partir.jit(program, mesh, schedule, uneven_outputs="replicate")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+            got = step(*args)
+        want = jax.jit(program)(*args)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            w = np.asarray(w)
+            assert g.shape == w.shape, (g.shape, w.shape)
+            scale = max(float(np.abs(w).max()) if w.size else 0.0, 1e-3)
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4 * scale,
+                                       err_msg=f"{program.__name__}\n{meta.report()}")
+
+
+def _uniform(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+# -- 1. pad with low + high = 0 along a tiled dimension ---------------------------------------
+
+@pytest.mark.parametrize("config", [
+    [(-1, 1, 0), (0, 0, 0)], [(1, -1, 0), (0, 0, 0)],
+    [(-1, 1, 0), (0, 0, 1)],   # interior padding on the other dimension
+    [(-1, 1, 0), (1, -1, 1)]], ids=["crop_low_pad_high", "pad_low_crop_high", "interior",
+                                    "interior_asymmetric"])
+def test_pad_that_crops_one_side_and_pads_the_other(config):
+    def fn(arg0):
+        return lax.pad(arg0, np.float32(-0.1), config)
+
+    assert_matches_jit(fn, [_uniform(32, 16)], CUBE, [mp("a", {"arg0": 0})])
+    assert_matches_jit(fn, [_uniform(12, 16)], CUBE,
+                       [mp("a", {"arg0": 0}), mp("b", {"arg0": 0})])
+
+
+def test_pad_that_crops_one_side_tagged_and_tiled_on_another_axis():
+    def fn(arg0):
+        return partir.tag(lax.pad(arg0, np.float32(-0.1), [(-1, 1, 0), (0, 0, 0)]), "padded")
+
+    x = _uniform(32, 16)
+    assert_matches_jit(fn, [x], CUBE, [mp("a", {"arg0": 0}), mp("b", tags={"padded": 0})])
+    assert_matches_jit(fn, [x], CUBE, [mp("a", tags={"padded": 0})])
+
+
+# -- 2. padding tiles leaking into gathers over two mesh axes -------------------------------
+
+def test_take_of_rows_tiled_over_two_axes():
+    def fn(arg0):
+        return jnp.take(arg0 + 1.0, jnp.array([1, 1]), axis=0)
+
+    assert_matches_jit(fn, [_uniform(2, 7)], CUBE,
+                       [mp("a", {"arg0": 0}), mp("c", {"arg0": 0})])
+
+
+def test_embedding_lookup_of_ids_tiled_over_two_axes_then_a_row_gather():
+    def fn(arg0, arg1):
+        rows = arg0[arg1]                      # [4, 8]: an embedding lookup
+        return rows[jnp.array([0, 3, 3])]      # a constant row gather
+
+    table = _uniform(16, 8)
+    ids = np.array([3, 0, 15, 7], np.int32)
+    assert_matches_jit(fn, [table, ids], WIDE, [mp("a", {"arg1": 0}), mp("b", {"arg1": 0})])
+
+
+# -- 3. dynamic_slice with a traced start that jax clamps -------------------------------------
+
+def test_dynamic_slice_with_a_clamped_traced_start_then_tiled():
+    def fn(arg0, arg1, arg2):
+        v = lax.dynamic_slice(arg0, (arg2,), (18,))  # start 16 clamps to 12
+        return v * arg1
+
+    assert_matches_jit(fn, [_uniform(30), _uniform(18, seed=1), np.int32(16)], CUBE,
+                       [mp("a", {"arg1": 0})])
+
+
+# -- 4. top_k along a tiled last dimension while another is tiled too -------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_top_k_along_a_tiled_dim_with_the_other_dim_tiled(k):
+    def fn(arg0):
+        values, indices = lax.top_k(arg0, k)
+        return values, indices
+
+    assert_matches_jit(fn, [_uniform(8, 4)], WIDE,
+                       [mp("a", {"arg0": 0}), mp("b", {"arg0": 1})])
+
+
+# -- 5. a reshape whose tiles do not line up ----------------------------------------------
+
+def test_reshape_whose_tiles_do_not_line_up():
+    def fn(arg0):
+        return arg0.reshape(16, 5)
+
+    assert_matches_jit(fn, [_uniform(10, 8)], WIDE, [mp("a", {"arg0": 1})])
+
+
+# -- 6. gradient of an elementwise op through an uneven reshape --------------------------------
+
+@pytest.mark.parametrize("shapes", [((5, 3), (3, 5)), ((5, 4), (4, 5))],
+                         ids=["5x3->3x5", "5x4->4x5"])
+def test_gradient_of_a_reshape_of_a_tiled_dim(shapes):
+    src, dst = shapes
+
+    def fn(arg0):
+        return jnp.sin(arg0).reshape(dst)
+
+    assert_matches_jit(fn, [_uniform(*src)], CUBE, [mp("a", {"arg0": 1})])
+
+
+# -- 7. a max pool whose stride exceeds its window -------------------------------------------
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_max_pool_with_stride_greater_than_window(padding):
+    def fn(arg0):
+        return lax.reduce_window(arg0, -jnp.inf, lax.max, (1, 2, 1), (1, 3, 1), padding)
+
+    # 24 rows (8 windows) over 2 devices: the gradient's select_and_scatter fails to parse.
+    assert_matches_jit(fn, [_uniform(2, 24, 4)], CUBE, [mp("a", {"arg0": 1})])
+
+
+# -- 8. a tag tiling a size-1 dimension, an einsum, a second tag ------------------------------
+
+def test_tag_on_a_size_one_dim_then_einsum_then_another_tag():
+    def fn(arg0, arg1):
+        h = partir.tag(jnp.sin(arg0), "h")                 # [1, 8, 16]: tiled on dim 0
+        y = jnp.einsum("bsd,de->bse", h, arg1)             # [1, 8, 4]
+        return partir.tag(y, "y")                          # tiled on dim 2
+
+    assert_matches_jit(fn, [_uniform(1, 8, 16), _uniform(16, 4, seed=1)], CUBE,
+                       [mp("a", tags={"h": 0}), mp("b", tags={"y": 2})])
