@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .collective_names import collective_names
 from .core.actions import Leaf, TacticContext
 from .core.mesh import Mesh
 from .core.padding import PaddingPolicy, UnevenOutputs
@@ -156,8 +157,9 @@ class TacticReports(Sequence[TacticReport]):
     """
 
     def __init__(self, after: list[_AfterTactic], hardware,
-                 final: SpmdProgram | None = None) -> None:
+                 final: SpmdProgram | None = None, index: ProgramIndex | None = None) -> None:
         self._after = after
+        self._index = index
         self._count = len(after)
         self._hardware = hardware
         # The last tactic's state is the final one: its program is the one the schedule
@@ -170,20 +172,22 @@ class TacticReports(Sequence[TacticReport]):
         with self._lock:
             if self._rows is None:
                 self._rows = self._make()
-                self._after, self._final = [], None
+                self._after, self._final, self._index = [], None, None
         return self._rows
 
     def _make(self) -> list[TacticReport]:
         with gc_paused(), halo_warnings_quiet():
             cache, memo, rows = LoweringCache(), {}, []
-            index = ProgramIndex(self._after[0].state) if self._after else None
+            index = self._index or (ProgramIndex(self._after[0].state) if self._after
+                                    else None)
             last = len(self._after) - 1
             for i, t in enumerate(self._after):
                 program = (self._final if i == last and self._final is not None
                            else lower_to_spmd(t.state, cache))
                 rows.append(tactic_report(t.name, program, t.state, self._hardware,
                                           t.actions, memo, t.search, index))
-            attribute_tactics((row.name, row.sites) for row in rows)
+            attribute_tactics([(t.name, t.state, row.sites)
+                               for t, row in zip(self._after, rows)])
         return rows
 
     def make_quietly(self) -> None:
@@ -365,5 +369,9 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
     # `after[-1].state` is `state` itself (and `finish` changed it in place), so the final
     # program is also the last row's.
     program = lower_to_spmd(state)
+    # The report's rows share the index (parsed locations, op numbers) the names need.
+    index = ProgramIndex(state)
+    program.op_names = collective_names(program, state, [(t.name, t.state) for t in after],
+                                        index)
     return Partitioned(state, program, TacticReports(after, hardware, program if schedule
-                                                     else None))
+                                                     else None, index))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -23,6 +23,7 @@ from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file
 from .simulation import CollectiveCost, SimulationResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.layout import Layout
+from .spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
 from .spmd.provenance import Conversion
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
@@ -65,7 +66,8 @@ class CollectiveRecord(CollectiveFacts):
     `bytes`: the buffer each device holds for it per execution (the full array for all_gather
     and reduce_scatter, as the ring model counts); `count`: executions per step (a loop's trip
     count); `est_time_s`: the simulated time of one execution (None without a simulator);
-    `tactic`: the first tactic after which the program has this collective; `op`: the
+    `tactic`: the first tactic after which the program has this collective (`TacticRule`,
+    which names it in a profile too); `op`: the
     StableHLO op it serves (the one whose sum it reduces, else the consumer); `source`: that
     op's line (`ir.locations`), None when the module has no locations; `stack`: every user
     frame, innermost first; `param`: the parameter's key path where it gathers a parameter or
@@ -370,7 +372,7 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
     """A site per counted collective among `ops` (a device-local program's, in order)."""
     costs = _costs(sim)
     sites: list[CollectiveSite] = []
-    ordinal: dict[Conversion, int] = {}
+    ordinal: dict[object, int] = {}  # a conversion's (an emitting op's) collectives so far
     ids: set[str] = set()
     for op in ops:
         kind = collective_kind(op)
@@ -379,8 +381,12 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
         axes = collective_axes(op)
         conv = op.origin if isinstance(op.origin, Conversion) else None
         if conv is None:
-            key: tuple = ("unattributed", len(sites))
-            reason, served, value = Reason.RESHARD, None, None
+            # Emitted by an op's own lowering (a roll's permutes, a halo exchange): that op,
+            # whose number keeps the id across rows (as a conversion's value and consumer do).
+            served = op.origin if isinstance(op.origin, Op) else None
+            n = ordinal[served] = ordinal.get(served, -1) + 1
+            key: tuple = ("emitted", index.number(served), n)
+            reason, value = Reason.RESHARD, None
         else:
             n = ordinal[conv] = ordinal.get(conv, -1) + 1
             value = conv.value
@@ -409,9 +415,102 @@ def _stable_id(key: tuple) -> str:
     return "c" + hashlib.blake2b(repr(key).encode(), digest_size=6).hexdigest()
 
 
-def attribute_tactics(rows_sites: Iterable[tuple[str, list[CollectiveSite]]]) -> None:
-    """Each site's tactic: the first row (in schedule order) whose program has its id."""
-    first: dict[str, str] = {}
-    for name, sites in rows_sites:
+def attribute_tactics(rows: Sequence[tuple[str, PartitionState, list[CollectiveSite]]]) -> None:
+    """Each site's tactic (`TacticRule` over the rows up to its own, in schedule order)."""
+    for i, (_, _, sites) in enumerate(rows):
+        rule = TacticRule([(name, state) for name, state, _ in rows[:i + 1]])
         for s in sites:
-            s.tactic = first.setdefault(s.facts.id, name)
+            assert s.local is not None
+            s.tactic = rule.of(s.local.origin, s.facts.kind, s.facts.axes)
+
+
+def _flatten(decisions: tuple):
+    for d in decisions:
+        if isinstance(d, tuple):
+            yield from _flatten(d)
+        else:
+            yield d
+
+
+def _regathered(state: PartitionState, v: Value) -> bool:
+    """Is `v` gathered afresh per consumer (as the lowering decides it: a value Z3 asked
+    for, or one made from it by layout ops alone)?"""
+    while v not in state.regather:
+        op = v.producer
+        if op is None or op.name not in LAYOUT_OPS or len(op.operands) != 1:
+            return False
+        v = op.operands[0]
+    return True
+
+
+def _on(pairs: tuple, axes: frozenset[str]) -> tuple:
+    """The (axis, ...) pairs of `pairs` on `axes` or on a part of one (`model:(1)2`)."""
+    return tuple(p for p in pairs if p[0].split(":")[0] in axes)
+
+
+class TacticRule:
+    """Which tactic made a collective (`CollectiveRecord.tactic`, and the tactic in its name,
+    `collective_names.py`): the first tactic after which every decision the collective
+    depends on, restricted to its mesh axes, is final: the tiling of the value it converts,
+    the loop nests of the ops producing and consuming it and the tiling of the consumer's
+    results (a scatter's lowering gathers its updates for a result tiled on the axis), or
+    the nest of the op whose lowering emitted it and the tiling of that op's operands and
+    results. Decisions only append, so that is the first tactic whose program has the
+    collective, known without lowering each tactic's program (the names are made before
+    XLA compiles; the records' rows are lowered later). `after`: each tactic's name and the
+    state it left, in schedule order (for a report row, up to the row's tactic)."""
+
+    def __init__(self, after: Sequence[tuple[str, PartitionState]]):
+        self.after = list(after)
+        self._axes: dict[int, frozenset[str]] = {}
+
+    def _axes_of(self, i: int) -> frozenset[str]:
+        """The mesh axes (whole) the state after tactic `i` has tiled anything on."""
+        axes = self._axes.get(i)
+        if axes is None:
+            state = self.after[i][1]
+            axes = self._axes[i] = frozenset(
+                a.split(":")[0] for tiles in state.tiling.values() for a, _ in tiles)
+        return axes
+
+    def of(self, origin: object, kind: Collective, axes: tuple[str, ...]) -> str:
+        if not self.after:
+            return ""
+        on = frozenset(a.split(":")[0] for a in axes)
+        final = self._decisions(self.after[-1][1], origin, kind, on)
+        if not any(_flatten(final)):
+            # Nothing about its own ops on its axes: a sum forwarded to it from upstream
+            # (`accumulation.py`). The first tactic deciding anything on those axes.
+            return next((name for i, (name, _) in enumerate(self.after)
+                         if on & self._axes_of(i)), self.after[-1][0])
+        for name, state in self.after:
+            if self._decisions(state, origin, kind, on) == final:
+                return name
+        return self.after[-1][0]
+
+    @staticmethod
+    def _decisions(state: PartitionState, origin: object, kind: Collective,
+                   on: frozenset[str]) -> tuple:
+        def made(v: Value) -> tuple:
+            """What decides the layout `v` is made in: its producer's nest (an argument's
+            own tiling)."""
+            if v.producer is None:
+                return _on(state.tiles_of(v), on)
+            return _on(state.nest_of(v.producer), on)
+
+        if isinstance(origin, Conversion):
+            v = origin.value
+            if kind is Collective.ALL_REDUCE:
+                # A sum the producer left pending, whatever the consumer takes of it (on
+                # XLA:CPU a sum wanted tiled is all-reduced, then sliced).
+                return (made(v),)
+            consumer = origin.consumer
+            if consumer is None:
+                return (made(v), _on(state.tiles_of(v), on), _regathered(state, v))
+            return (made(v), _on(state.nest_of(consumer), on), _regathered(state, v),
+                    tuple(_on(state.tiles_of(r), on) for r in consumer.results))
+        if isinstance(origin, Op):  # emitted by the op's own lowering (a roll, a halo)
+            return (_on(state.nest_of(origin), on),
+                    tuple(made(v) for v in origin.inputs),
+                    tuple(_on(state.tiles_of(r), on) for r in origin.results))
+        return ()

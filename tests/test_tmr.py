@@ -524,4 +524,6 @@ def test_composite_is_partitioned_through_its_decomposition():
     assert report.collectives == counts()
     assert report.unsupported_ops == {}
     assert meta.out_shardings.spec == jax.sharding.PartitionSpec("a")
-    assert "composite" not in meta.device_local_stablehlo
+    # The ops, not the location aliases closing the module (jax's names for the traced ops).
+    ops = [x for x in meta.device_local_stablehlo.splitlines() if not x.startswith("#loc")]
+    assert not any("composite" in x for x in ops)

@@ -405,7 +405,7 @@ def _scatter_results(f, *args) -> list[str]:
     for i, line in enumerate(lines):
         if "stablehlo.scatter" in line:
             end = next(x for x in lines[i:] if x.strip().startswith("})"))
-            found.append(end.rsplit("->", 1)[-1].strip())
+            found.append(end.rsplit("->", 1)[-1].split(" loc(")[0].strip())
     return found
 
 

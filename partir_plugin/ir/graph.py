@@ -64,7 +64,8 @@ class Op:
         # The imported op's MLIR location object (`ir.locations` parses it when a message or
         # a diagnostic names the op: parsing every op would cost more than importing it).
         self.mlir_location: object | None = None
-        # Why a pass made this op: the lowering puts its `Conversion` on each collective.
+        # Why a pass made this op: the op of the partitioned program whose lowering emitted
+        # it, or for a conversion's collectives the `Conversion` (`spmd/provenance.py`).
         self.origin: object | None = None
 
     @property
@@ -146,6 +147,7 @@ def clone_region(region: Region, env: dict[Value, Value]) -> Region:
         for op in block.ops:
             new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
                      dict(op.attributes), [clone_region(r, env) for r in op.regions])
+            new.mlir_location = op.mlir_location
             for r, n in zip(op.results, new.results):
                 env[r] = n
             b.ops.append(new)

@@ -59,6 +59,9 @@ class _Importer:
         self.tags: dict[str, list[Value]] = {}  # a name may tag several values
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
         self.texts: dict[ir.Attribute, str] = {}  # and few distinct attributes
+        # One location object per distinct location (ops of one line share it), so the
+        # printer defines each once by identity (`location_aliases.py`).
+        self.locations: dict[ir.Attribute, ir.Location] = {}
         # Seen while importing, to run the rewrites that need them (each walks the program).
         self.scatters = False  # a select_and_scatter (a max-pool's gradient)
         self.pads = self.windows = False  # a pad; a convolution or reduce_window
@@ -68,6 +71,10 @@ class _Importer:
         if tt is None:
             tt = self.types[t] = _type(t)
         return tt
+
+    def _location(self, op) -> ir.Location:
+        loc = op.location
+        return self.locations.setdefault(loc.attr, loc)
 
     def import_func(self, name: str) -> Func:
         fop = self.funcs[name]
@@ -100,8 +107,10 @@ class _Importer:
             if name == "stablehlo.optimization_barrier" and len(op.operands) > 1:
                 # One barrier per value: each stays fenced, and each can be tiled on its own
                 # (a joint barrier would need one TMR entry per combination of dimensions).
+                loc = self._location(op)
                 for r, v in zip(op.results, op.operands):
                     single = Op(name, [env[v]], [self._type(r.type)])
+                    single.mlir_location = loc
                     out.append(single)
                     env[r] = single.results[0]
                 continue
@@ -111,7 +120,7 @@ class _Importer:
                 attrs = ir.DictAttr(op.attributes["composite_attributes"])
                 whole = Op(kept, [env[op.operands[0]]], [self._type(op.results[0].type)],
                            {k: str(attrs[k]) for k in KEPT_COMPOSITES[kept]})
-                whole.mlir_location = op.location
+                whole.mlir_location = self._location(op)
                 env[op.results[0]] = whole.results[0]
                 out.append(whole)
                 continue
@@ -163,7 +172,7 @@ class _Importer:
             new.rule = rule
             # Kept, not parsed: parsed when a message or a record names the op (the MLIR
             # context lives as long as the location object).
-            new.mlir_location = op.location
+            new.mlir_location = self._location(op)
             if name == TAG_OP:
                 t = _TAG.search(location_name(new.mlir_location) or "")
                 if t:

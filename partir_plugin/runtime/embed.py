@@ -65,7 +65,10 @@ def _lower(ctx: mlir.LoweringRuleContext, *args, module: DeviceLocalModule):
     result_types = main.type.results
     name = mlir.merge_mlir_modules(ctx.module_context.module, f"partir_{module.name}", sub,
                                    dst_symtab=ctx.module_context.symbol_table)
-    call = func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), list(args))
+    # A call without a name: XLA's inliner prefixes the call's op_name to every inlined op's,
+    # and our ops carry jax's own names already (`jit(step)/jvp(...)/dot_general`).
+    call = func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), list(args),
+                               loc=ir.Location.unknown())
     return call.results
 
 

@@ -56,13 +56,17 @@ class SpmdProgram:
     counts: dict[str, int] = field(default_factory=dict)
     # Arguments and results whose sub-axes the boundary could not name (`boundary.py`).
     boundary_drops: list[BoundaryDrop] = field(default_factory=list)
+    # Collectives printed under a name saying what they are and why (`collective_names.py`;
+    # set before the text is first printed).
+    op_names: dict[Op, str] = field(default_factory=dict, repr=False, compare=False)
     _text: str | None = field(default=None, repr=False, compare=False)
 
     def text(self) -> str:
         """The module's text, printed on first use: tactics' reports need none, and the
         runtime and the metadata ask for the same text."""
         if self._text is None:
-            self._text = print_func(self.func, module_attrs=spmd_module_attrs(self.mesh))
+            self._text = print_func(self.func, module_attrs=spmd_module_attrs(self.mesh),
+                                    op_names=self.op_names)
         return self._text
 
 
@@ -115,9 +119,16 @@ class _Emitter:
         self.block = block
         self._device: Value | None = None
         self.plans: list = []  # redistribution plans emitted by `convert`, in order
+        # The op of the partitioned program whose code is being emitted: every emitted op
+        # keeps its location (profiles name the user's op and line) and has it as `origin`
+        # until a conversion marks its collectives (`provenance.mark_origin`).
+        self.serving: Op | None = None
 
     def emit(self, name, operands, result_types, attrs=None, regions=None) -> Op:
         op = Op(name, operands, result_types, attrs, regions)
+        serving = self.serving
+        if serving is not None:
+            op.mlir_location, op.origin = serving.mlir_location, serving
         self.block.ops.append(op)
         return op
 
@@ -796,12 +807,14 @@ class _Lowering:
         self.defined.update(self.body.args)
         for a in func.args:
             if self.local[a][1] != self.declared(a):
+                self.em.serving = next((u for u, _ in self.state.users.get(a, ()) if u), None)
                 self.local[a] = (self.use(a, self.declared(a)), self.declared(a))
         for op in func.ops:
             self.lower_op(op)
         out_layouts, returns = [], []
         self.consumer = None
         for k, v in enumerate(func.returns):
+            self.em.serving = v.producer
             if self.as_produced:
                 layout = self.local[v][1]
             else:
@@ -821,7 +834,7 @@ class _Lowering:
                            count_collectives(walk(self.body.ops)), drops)
 
     def lower_op(self, op: Op) -> None:
-        self.consumer = op
+        self.consumer = self.em.serving = op
         if op.name in PARTITIONED_REGIONS:
             self._lower_regions(op)
             return
@@ -1001,7 +1014,8 @@ class _Lowering:
             for inner in block.ops[:-1]:
                 self.lower_op(inner)
             term = block.ops[-1]
-            self.consumer = op  # values a region returns are converted for the loop or case
+            # values a region returns are converted for the loop or case
+            self.consumer = self.em.serving = op
             is_condition = op.name == "stablehlo.while" and index == 0
             wanted = [self.declared(v) for v in term.operands] if is_condition else layouts
             returns = [self.use(v, lay) for v, lay in zip(term.operands, wanted)]
