@@ -76,6 +76,45 @@ def _reading(subs: dict[int, tuple]):
             outer.aval = saved[k]
 
 
+class KeptState:
+    """Python state a trace of a layer body changes, saved to be restored: Flax counts the
+    random keys each module scope makes (`Scope.rng_counters`, shared with the lifted scan's
+    body), so every trace of an `nn.scan` body advances the counters, and the keys of the
+    next trace differ. The unpipelined step traces the body once; PP traces it a few times
+    to learn its shape (for the whole batch, at a sentinel microbatch size), then restores
+    the counters so that its last trace, the one it runs, draws with the keys the
+    unpipelined step's single trace draws with, and leaves them as that trace does."""
+
+    def __init__(self) -> None:
+        import gc
+        import sys
+
+        scope = sys.modules.get("flax.core.scope")
+        self.saved = [] if scope is None else [
+            (o.rng_counters, _copy_dict(o.rng_counters)) for o in gc.get_objects()
+            if isinstance(o, scope.Scope) and isinstance(getattr(o, "rng_counters", None), dict)]
+
+    def restore(self) -> None:
+        for live, saved in self.saved:
+            _restore_dict(live, saved)
+
+
+def _copy_dict(d: dict) -> dict:
+    """A copy of nested dicts, keys kept as they are (Flax keys child scopes by sentinel
+    objects, which a deep copy would replace)."""
+    return {k: _copy_dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def _restore_dict(live: dict, saved: dict) -> None:
+    for k in [k for k in live if k not in saved]:
+        del live[k]
+    for k, v in saved.items():
+        if isinstance(v, dict) and isinstance(live.get(k), dict):
+            _restore_dict(live[k], v)
+        else:
+            live[k] = v
+
+
 def _substitutable(c) -> bool:
     """A captured value `_reading` can stand in for: a jax tracer (a value of the step) or a
     jax array (a constant the step closes over), not a numpy array (jax converts it anew at
@@ -128,9 +167,11 @@ class LayerProgram:
 
     @classmethod
     def build(cls, f: Callable, init, xs, *, microbatches: int, captured: Sequence,
-              site: str) -> LayerProgram:
+              site: str, kept: KeptState | None = None) -> LayerProgram:
         """Trace `f` (a scan body over stacked layers) for microbatches of a batch-major
-        `init`; `captured`: the values the body captures when traced for the whole batch."""
+        `init`; `captured`: the values the body captures when traced for the whole batch.
+        `kept`: Python state saved before the first trace of `f`, restored before the last
+        (the one the pipeline runs)."""
         carry_leaves, carry_tree = jax.tree.flatten(init)
         names = leaf_names(init, "carry")
         batch = next(c.shape[0] for c in carry_leaves if getattr(c, "ndim", 0) >= 1)
@@ -144,6 +185,8 @@ class LayerProgram:
                       and c.shape[0] == batch]
         per_example, (traced_s, shapes_s) = _per_example(
             f, carry_leaves, carry_tree, batch_mask, x_avals, candidates, sentinel, site)
+        if kept is not None:
+            kept.restore()
         closed, shapes = _trace_at(f, carry_leaves, carry_tree, batch_mask, x_avals,
                                    per_example, rows)
         if not _fits(shapes, carry_leaves, batch_mask, rows):
@@ -230,14 +273,19 @@ class LayerProgram:
             len(jaxpr.outvars) - n_c)
         dced, used_in = pe.dce_jaxpr(jaxpr, used, instantiate=True)
         n_pe = len(self.per_example)
-        if any(used_in[:n_pe]) or any(u and self.batch_mask[i] for i, u in
-                                      enumerate(used_in[n_pe:n_pe + n_c])):
-            raise PartitionError("PP: internal: a sliced layer reads the activations")
         keep = [i for i, u in enumerate(used_in) if u]
+        # What the chosen outputs do not depend on may still be read by an equation DCE
+        # keeps (one with effects): it gets zeros of the microbatch's shape.
+        activations = set(range(n_pe)) | {n_pe + i for i, b in enumerate(self.batch_mask) if b}
+        avals = [v.aval for v in jaxpr.invars]
         consts = self.jaxpr.consts
 
         def run(carry, x):
+            import jax.numpy as jnp
+
             args = [None] * n_pe + list(carry) + list(x)
+            args = [jnp.zeros(avals[i].shape, avals[i].dtype) if i in activations else args[i]
+                    for i in range(len(args))]
             outs = microbatch_rng.evaluate(dced, consts, [args[i] for i in keep], {}, 0,
                                            self.microbatches)
             k = len(carry_outputs)

@@ -31,7 +31,7 @@ from jax.extend import core as jex_core
 from .core.actions import TacticContext
 from .core.mesh import Mesh
 from .errors import PartitionError
-from .layer_program import LayerProgram
+from .layer_program import KeptState, LayerProgram
 from .markers import interleave, roll, tag
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
@@ -118,7 +118,7 @@ def _batch_size(carry_leaves) -> int:
 def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                    repeats: int = 1, scan: Callable = lax.scan, fill: float = 0.0,
                    layer: LayerTrace | None = None, reverse: bool = False,
-                   site: str | None = None):
+                   site: str | None = None, kept: KeptState | None = None):
     """`lax.scan(body, carry, xs, reverse=reverse)` over stacked layers as a GPipe pipeline
     (`repeats` > 1: the circular schedule, stage s holding layer chunks s, s+S, ..., each
     microbatch passing through the stages R times); returns `(final carry, ys)` like the scan.
@@ -147,9 +147,10 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
         raise PartitionError(f"PP: the layer loop at {site} runs in reverse (reverse=True), "
                              f"which the circular schedule does not support; use "
                              f"schedule='gpipe'")
+    kept = kept or KeptState()
     layer = layer or LayerTrace.of(body, carry, xs)
     program = LayerProgram.build(body, carry, xs, microbatches=microbatches,
-                                 captured=layer.jaxpr.consts, site=site)
+                                 captured=layer.jaxpr.consts, site=site, kept=kept)
     S, M, R = stages, microbatches, repeats
     mb = batch // M
     roles = program.roles
@@ -423,6 +424,7 @@ class _LayerLoopHook:
         site = _call_site()
         layers = jax.tree.leaves(xs)[0].shape[0]
         batch = _batch_size(jax.tree.leaves(init))
+        kept = KeptState()
         layer = LayerTrace.of(f, init, xs)
         coupled = batch_coupled_ops(layer, batch)
         if coupled:
@@ -441,7 +443,7 @@ class _LayerLoopHook:
             return pipelined_scan(f, init, xs, stages=self.stages,
                                   microbatches=self.tactic.microbatches,
                                   repeats=self.tactic.repeats, scan=self.original,
-                                  layer=layer, reverse=reverse, site=site,
+                                  layer=layer, reverse=reverse, site=site, kept=kept,
                                   fill=float("nan") if self.tactic.poison_bubbles else 0.0)
         finally:
             self.inside = False
