@@ -501,23 +501,26 @@ def test_reverse_scan_is_supported_or_refused_naming_reverse():
 
 # == 5. per-layer outputs independent of the activations =====================================
 
+def _weight_ys_step(params, batch):
+    """ys = each layer's weight sum and max (as nnx.scan returns each block's state)."""
+
+    def body(h, p):
+        return h + jnp.tanh(h @ p["wq"]) @ p["wo"], (p["wq"].sum(), jnp.abs(p["wo"]).max())
+
+    def loss(params):
+        out, ys = lax.scan(body, batch["x"], params)
+        return jnp.mean((out - batch["y"]) ** 2) + 1e-3 * ys[0].sum(), ys
+
+    (value, ys), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, ys, grads
+
+
 def test_per_layer_outputs_of_the_weights_only_do_not_gather_the_stack():
-    """ys = each layer's weight sum (as nnx.scan returns each block's state): jax.jit's
-    numbers, and the stacked weights are never all-gathered over `stage`."""
+    """Weight-only per-layer ys: jax.jit's numbers, and the stacked weights are never
+    all-gathered over `stage` (each stage computes its own layers' ys)."""
     params = _init_stack()
-
-    def step(params, batch):
-        def body(h, p):
-            return h + jnp.tanh(h @ p["wq"]) @ p["wo"], (p["wq"].sum(), jnp.abs(p["wo"]).max())
-
-        def loss(params):
-            out, ys = lax.scan(body, batch["x"], params)
-            return jnp.mean((out - batch["y"]) ** 2) + 1e-3 * ys[0].sum(), ys
-
-        (value, ys), grads = jax.value_and_grad(loss, has_aux=True)(params)
-        return value, ys, grads
-
-    _, meta, _, _ = partitioned_matches_jit(step, (params, _tokens_batch()), [PP(4), BP()],
+    _, meta, _, _ = partitioned_matches_jit(_weight_ys_step, (params, _tokens_batch()),
+                                            [PP(4), BP()],
                                             what="scan with weight-only per-layer ys")
     stacked = {f"params/{k}" for k in params} | {f"params['{k}']" for k in params}
     smallest = min(x.nbytes for x in jax.tree.leaves(params))
@@ -606,6 +609,17 @@ def test_pp_permutes_are_credited_to_pp_at_a_user_line():
         assert r.source is not None, f"a PP permute has no source line:\n{described}"
         assert Path(r.source.file).name == THIS_FILE and "partir_plugin" not in r.source.file, (
             f"a PP permute is attributed to library code, not to the user's line:\n{described}")
+
+
+def test_pp_permutes_have_forward_and_backward_phases():
+    """One permute shifts the activations forward, its transpose shifts their cotangents
+    back: the records say so (phase from jax's name stack), not `other`."""
+    args = (_init_stack(names=("wq", "wo")), _tokens_batch())
+    step, meta = partir.jit(_diag_step, MESH, [PP(4), BP()])
+    step.lower(*args)
+    phases = sorted(str(r.phase) for r in meta.tactics[0].records
+                    if str(r.kind) == "all_permute")
+    assert phases == ["backward", "forward"], f"PP's permutes have phases {phases}"
 
 
 def test_pp_report_names_the_microbatches():
