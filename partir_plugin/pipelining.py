@@ -439,12 +439,20 @@ class _LayerLoopHook:
         self.tactic.batch = batch
         self.tactic.site = site
         self.inside = True
+        from jax._src import source_info_util
+
+        # The pipeline's own ops (shifts, microbatch reads and writes, the masks) are the
+        # user's scan call: their locations, hence the collectives' lines and phases in the
+        # report, name the model's line rather than this module's.
+        at_scan = source_info_util.user_context(source_info_util.current().traceback)
         try:
-            return pipelined_scan(f, init, xs, stages=self.stages,
-                                  microbatches=self.tactic.microbatches,
-                                  repeats=self.tactic.repeats, scan=self.original,
-                                  layer=layer, reverse=reverse, site=site, kept=kept,
-                                  fill=float("nan") if self.tactic.poison_bubbles else 0.0)
+            with at_scan:
+                return pipelined_scan(f, init, xs, stages=self.stages,
+                                      microbatches=self.tactic.microbatches,
+                                      repeats=self.tactic.repeats, scan=self.original,
+                                      layer=layer, reverse=reverse, site=site, kept=kept,
+                                      fill=float("nan") if self.tactic.poison_bubbles
+                                      else 0.0)
         finally:
             self.inside = False
 

@@ -23,7 +23,7 @@ from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file
 from .simulation import CollectiveCost, SimulationResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.layout import Layout
-from .spmd.provenance import Conversion
+from .spmd.provenance import Conversion, Movement
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
 
@@ -44,6 +44,7 @@ class Reason(enum.StrEnum):
     RESHARD = "reshard"  # a tiling moves between dimensions or axes (all_to_all, permute)
     BOUNDARY = "boundary"  # the function returns the value in its declared layout
     LOOP = "loop-carried"  # a loop or branch carries the value in one layout
+    MOVEMENT = "movement"  # the program moves data between devices (a pipeline's shift)
 
 
 @dataclass(frozen=True)
@@ -370,7 +371,7 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
     """A site per counted collective among `ops` (a device-local program's, in order)."""
     costs = _costs(sim)
     sites: list[CollectiveSite] = []
-    ordinal: dict[Conversion, int] = {}
+    ordinal: dict = {}
     ids: set[str] = set()
     for op in ops:
         kind = collective_kind(op)
@@ -378,7 +379,12 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
             continue
         axes = collective_axes(op)
         conv = op.origin if isinstance(op.origin, Conversion) else None
-        if conv is None:
+        if isinstance(op.origin, Movement):  # stable across rows: keyed by the marker op
+            marker = op.origin.op
+            n = ordinal[marker] = ordinal.get(marker, -1) + 1
+            key = ("movement", index.number(marker), n)
+            reason, served, value = Reason.MOVEMENT, marker, marker.operands[0]
+        elif conv is None:
             key: tuple = ("unattributed", len(sites))
             reason, served, value = Reason.RESHARD, None, None
         else:
