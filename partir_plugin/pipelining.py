@@ -350,9 +350,19 @@ _BATCH_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce
 def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
     """The reductions in one layer whose reduced axes include a leading dimension of size
     `batch` of a value computed from the carry: rows of a microbatch would see only their
-    microbatch (batch norm's statistics). A heuristic: a non-batch dimension of the same size
+    microbatch (batch norm's statistics). Only what the batch-major carry is computed from
+    counts: a reduction feeding a carried sum (an auxiliary loss) is summed exactly over
+    microbatches (`row_sums`) or refused. A heuristic: a non-batch dimension of the same size
     counts too, so it warns, never refuses."""
+    from jax._src.interpreters import partial_eval as pe
+
     found: list[str] = []
+    jaxpr = layer.jaxpr.jaxpr
+    n_carry = len(jax.tree.leaves(layer.shapes[0]))
+    used = [i < n_carry and getattr(v.aval, "ndim", 0) >= 1 and v.aval.shape[0] == batch
+            for i, v in enumerate(jaxpr.outvars)]
+    needed = pe.dce_jaxpr(jaxpr, used, instantiate=False)[0]
+    kept = {v for e in needed.eqns for v in e.outvars}  # DCE may rebuild calls, not vars
 
     def visit(eqns, tainted) -> None:
         for eqn in eqns:
@@ -368,7 +378,7 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
             for sub in jex_core.jaxprs_in_params(eqn.params):  # inside: every value counts
                 visit(sub.eqns, _Everything())
 
-    visit(layer.jaxpr.jaxpr.eqns, layer.tainted)
+    visit([e for e in jaxpr.eqns if any(v in kept for v in e.outvars)], layer.tainted)
     return sorted(set(found))
 
 
