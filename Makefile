@@ -51,6 +51,7 @@ bench-context-parallel: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/pipeline.py
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/pipeline.py --recipe
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -184,6 +184,140 @@ def section(rows: dict[str, Row], estimates: list[tuple], hardware: str, reps: i
     return "\n".join(lines)
 
 
+# -- issue 34: the scanned-LM recipe users write -----------------------------------------------
+
+RECIPE_HEADING = "## Pipeline parallelism: the scanned Flax decoder recipe (issue 34)"
+RECIPE_COMMAND = COMMAND + " --recipe"
+
+
+def recipe():
+    """A Flax linen decoder as users write it: `nn.scan(nn.remat(Block), split_rngs={"params":
+    True, "dropout": True}, in_axes=nn.broadcast)` over 8 blocks with dropout 0.1, a causal
+    mask built in the block and a padding mask passed to every layer; the step is
+    `value_and_grad` of the masked cross-entropy (the same rng for every run)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    B, T, D, L, V = 16, 32, 128, 8, 256
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h, mask):
+            a = nn.Dense(D)(nn.LayerNorm()(h))
+            causal = jnp.tril(jnp.ones((T, T)))
+            att = jnp.einsum("btd,bsd->bts", a, a) / jnp.sqrt(D)
+            att = jnp.where((causal[None] * mask[:, None, :]) > 0, att, -1e9)
+            a = jnp.einsum("bts,bsd->btd", jax.nn.softmax(att, -1), a)
+            h = h + nn.Dropout(0.1)(a, deterministic=False)
+            m = nn.Dense(D)(nn.gelu(nn.Dense(4 * D)(nn.LayerNorm()(h))))
+            return h + nn.Dropout(0.1)(m, deterministic=False), None
+
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, mask):
+            h = nn.Embed(V, D)(tokens)
+            stack = nn.scan(nn.remat(Block), variable_axes={"params": 0},
+                            split_rngs={"params": True, "dropout": True},
+                            in_axes=nn.broadcast, length=L)
+            h, _ = stack()(h, mask)
+            return nn.Dense(V)(nn.LayerNorm()(h))
+
+    model = Decoder()
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (B, T), 0, V)
+    lengths = jax.random.randint(jax.random.PRNGKey(1), (B, 1), T // 2, T + 1)
+    mask = (jnp.arange(T)[None] < lengths).astype(jnp.float32)
+    params = model.init({"params": jax.random.PRNGKey(2), "dropout": jax.random.PRNGKey(3)},
+                        tokens, mask)
+
+    def step(params, tokens, mask, rng):
+        def loss(p):
+            logits = model.apply(p, tokens, mask, rngs={"dropout": rng})
+            ll = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1)
+            return -(ll[..., 0] * mask).sum() / mask.sum()
+
+        return jax.value_and_grad(loss)(params)
+
+    return step, (params, tokens, mask, jax.random.PRNGKey(4))
+
+
+def recipe_schedules() -> dict[str, tuple[dict, list]]:
+    import partir_plugin as partir
+
+    bp = lambda: partir.ManualPartition({"tokens": 0, "mask": 0}, axis="batch")  # noqa: E731
+    return {"recipe [PP, BP] M=4": ({"stage": 2, "batch": 4},
+                                    [partir.tactic("PP", axis="stage", microbatches=4), bp()]),
+            "recipe [BP]": ({"batch": 8}, [bp()])}
+
+
+def measure_recipe(rows: dict[str, Row], reps: int, steps: int) -> float:
+    """Like `measure` on the recipe; returns the largest gradient error against jax.jit."""
+    import jax
+    import numpy as np
+
+    import partir_plugin as partir
+
+    step, args = recipe()
+    want = jax.jit(step)(*args)
+    worst = 0.0
+    names = list(rows)
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            mesh, schedule = recipe_schedules()[name]
+            harness.fresh()
+            start = time.perf_counter()
+            fn, meta = partir.jit(step, mesh, schedule)
+            compiled = fn.lower(*args).compile()
+            row = rows[name]
+            row.compile_s.append(time.perf_counter() - start)
+            jax.block_until_ready(fn(*args))
+            times = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(fn(*args))
+                times.append(time.perf_counter() - t0)
+            row.step_s.append(statistics.median(times))
+            analysis = compiled.memory_analysis()
+            row.memory = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+            row.loss_error = abs(float(out[0]) - float(want[0])) / abs(float(want[0]))
+            worst = max([worst] + [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                                   for a, b in zip(jax.tree.leaves(out[1]),
+                                                   jax.tree.leaves(want[1]))])
+            row.bubble = getattr(schedule[0], "bubble", None)
+            row.permutes = meta.tactics[-1].collectives.get("all_permute", 0)
+            print(f"  {name:20s} rep {rep}: compile {row.compile_s[-1]:.2f} s, step "
+                  f"{row.step_s[-1] * 1e3:.1f} ms", flush=True)
+    return worst
+
+
+def recipe_section(rows: dict[str, Row], worst: float, reps: int, steps: int,
+                   total_s: float) -> str:
+    from partir_plugin.metadata import fmt_bytes, fmt_time
+
+    base = rows["recipe [BP]"]
+    lines = [RECIPE_HEADING, "",
+             f"Command: `make bench-pipeline` (its second part, `{RECIPE_COMMAND}`; "
+             f"{total_s / 60:.1f} min). The Flax decoder of `benchmarks/pipeline.py:recipe` "
+             "(8 blocks `nn.scan(nn.remat(Block), split_rngs={params, dropout}, "
+             "in_axes=nn.broadcast)`, d_model 128, batch 16, sequence 32, dropout 0.1, causal "
+             "and padding masks; `value_and_grad` of the masked cross-entropy) on 8 virtual CPU "
+             f"devices sharing 2 cores; {reps} repetitions alternating, each the median of "
+             f"{steps} steps, minimum shown; memory as above. Largest gradient difference from "
+             f"jax.jit (same rng) over all runs: {worst:.1e}.", "",
+             "| schedule | mesh | partition + compile | step | step / [BP] | memory / device "
+             "| memory / [BP] | bubble | permutes | loss vs jax.jit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        mesh = recipe_schedules()[name][0]
+        lines.append(
+            f"| {name} | {mesh} | {fmt_time(min(row.compile_s))} | "
+            f"{fmt_time(min(row.step_s))} | {min(row.step_s) / min(base.step_s):.2f} | "
+            f"{fmt_bytes(row.memory)} | {row.memory / base.memory:.2f} | "
+            f"{'-' if row.bubble is None else f'{row.bubble:.1%}'} | {row.permutes} | "
+            f"{row.loss_error:.1e} |")
+    return "\n".join(lines + [""])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -191,11 +325,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", default="h100-sxm")
     parser.add_argument("--no-estimate", action="store_true",
                         help="skip the T32 estimate (it traces the 5B-parameter step)")
+    parser.add_argument("--recipe", action="store_true",
+                        help="only the scanned Flax decoder recipe (issue 34), its own section")
     harness.add_output_args(parser)
     args = parser.parse_args(argv)
     if not harness.has_devices(8):
         return 1
     t0 = time.perf_counter()
+    if args.recipe:
+        rows = {name: Row(name) for name in recipe_schedules()}
+        worst = measure_recipe(rows, args.reps, args.steps)
+        harness.publish(RECIPE_HEADING, recipe_section(rows, worst, args.reps, args.steps,
+                                                       time.perf_counter() - t0),
+                        args.output, write=not args.no_write)
+        return 0
     rows = {name: Row(name) for name in schedules()}
     measure(rows, args.reps, args.steps)
     estimates = [] if args.no_estimate else estimate(args.hardware)

@@ -31,6 +31,7 @@ from jax.extend import core as jex_core
 from .core.actions import TacticContext
 from .core.mesh import Mesh
 from .errors import PartitionError
+from .layer_program import KeptState, LayerProgram
 from .markers import interleave, roll, tag
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
@@ -90,111 +91,225 @@ def _check(shape: PipelineShape, batch: int) -> None:
                              f"iterations after it left it")
 
 
+def _call_site() -> str:
+    """`file:line` of the model code that called the scan being pipelined (the first frame
+    outside jax, flax and partir_plugin's own machinery), for messages."""
+    import traceback
+
+    skip = ("/jax/", "/flax/", "/jaxlib/", "contextlib.py", "functools.py")
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        f = frame.filename.replace("\\", "/")
+        if any(s in f for s in skip):
+            continue
+        if "/partir_plugin/" in f and "/partir_plugin/models/" not in f:
+            continue
+        return f"{frame.filename}:{frame.lineno}"
+    return "an unknown line"
+
+
+def _batch_size(carry_leaves) -> int:
+    """The batch: the leading dimension of the carry's largest leaf (the activations)."""
+    arrays = [c for c in carry_leaves if getattr(c, "ndim", 0) >= 1]
+    if not arrays:
+        raise PartitionError("PP: the layer loop carries no array with a batch dimension")
+    return max(arrays, key=lambda c: c.size).shape[0]
+
+
 def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                    repeats: int = 1, scan: Callable = lax.scan, fill: float = 0.0,
-                   layer: LayerTrace | None = None):
-    """`lax.scan(body, carry, xs)` over stacked layers as a GPipe pipeline (`repeats` > 1: the
-    circular schedule, stage s holding layer chunks s, s+S, ..., each microbatch passing
-    through the stages R times); returns
-    `(final carry, ys)` like the scan, for a body whose per-layer outputs `ys` hold no arrays
-    (None, or Flax's empty tuples).
+                   layer: LayerTrace | None = None, reverse: bool = False,
+                   site: str | None = None, kept: KeptState | None = None):
+    """`lax.scan(body, carry, xs, reverse=reverse)` over stacked layers as a GPipe pipeline
+    (`repeats` > 1: the circular schedule, stage s holding layer chunks s, s+S, ..., each
+    microbatch passing through the stages R times); returns `(final carry, ys)` like the scan.
 
-    Every leaf of `carry` has the batch as its leading dimension; every leaf of `xs` the L
-    layers. `body(carry, x) -> (carry, None)`. `scan` runs the loops (the real `lax.scan`
-    while the PP tactic's trace hook replaces it). The stacked layer inputs are tagged
-    `LAYERS_TAG`, the stage state `STATE_TAG` (for the tactic to find). `fill` is what the
-    stage state and output buffer hold before anything is written (NaN proves that no bubble
-    slot reaches the results). `layer`: the body already traced (`LayerTrace.of`).
+    Every leaf of `xs` has the L layers first. The carry's batch-major leaves (leading
+    dimension the batch, that of its largest leaf) are split into microbatches; its other
+    leaves, the per-example values the body reads, the body's random draws and its per-layer
+    outputs `ys` are handled as `layer_program.LayerProgram` says (or refused, naming the
+    scan's line `site` and the leaf). `scan` runs the loops (the real `lax.scan` while the PP
+    tactic's trace hook replaces it). The stacked layer inputs are tagged `LAYERS_TAG`, the
+    stage state `STATE_TAG` (for the tactic to find). `fill` is what the stage state and
+    output buffer hold before anything is written (NaN proves that no bubble slot reaches the
+    results). `reverse`: the layers run last to first (the pipeline's first stage holds the
+    last layers; the stack stays where it is). `layer`: the body traced for the whole batch.
     """
-    carry_leaves = jax.tree.leaves(carry)
+    carry_leaves, carry_tree = jax.tree.flatten(carry)
     xs_leaves = jax.tree.leaves(xs)
+    site = site or _call_site()
     if not carry_leaves or not xs_leaves:
-        raise PartitionError("PP: the layer loop must carry activations and scan stacked "
-                             "per-layer inputs (parameters)")
-    batch, layers = carry_leaves[0].shape[0], xs_leaves[0].shape[0]
-    if any(c.ndim == 0 or c.shape[0] != batch for c in carry_leaves):
-        raise PartitionError("PP: every carried value of the layer loop needs the batch as "
-                             "its leading dimension")
+        raise PartitionError(f"PP: the layer loop at {site} must carry activations and scan "
+                             f"stacked per-layer inputs (parameters)")
+    batch, layers = _batch_size(carry_leaves), xs_leaves[0].shape[0]
     shape = PipelineShape(stages, microbatches, layers, repeats)
     _check(shape, batch)
+    if reverse and repeats > 1:
+        raise PartitionError(f"PP: the layer loop at {site} runs in reverse (reverse=True), "
+                             f"which the circular schedule does not support; use "
+                             f"schedule='gpipe'")
+    kept = kept or KeptState()
+    layer = layer or LayerTrace.of(body, carry, xs)
+    program = LayerProgram.build(body, carry, xs, microbatches=microbatches,
+                                 captured=layer.jaxpr.consts, site=site, kept=kept)
     S, M, R = stages, microbatches, repeats
     mb = batch // M
-    # [L, ...] -> [S, R, L/(S·R), ...]: stage s holds chunks s, s+S, ... (R = 1: layers
-    # s*L/S ... (s+1)*L/S - 1); `interleave` moves the chunks to their stages.
-    stacked = jax.tree.map(
-        lambda a: (interleave(_tagged(a, LAYERS_TAG), R, S) if R > 1
-                   else _tagged(a, LAYERS_TAG)).reshape(S, R, layers // (S * R),
-                                                        *a.shape[1:]), xs)
-    # [B, ...] -> [M, B/M, ...], strided: microbatch m is rows m, m+M, ...
-    micro = jax.tree.map(lambda c: _tagged(jnp.swapaxes(_tagged(c, BATCH_TAG).reshape(
-        mb, M, *c.shape[1:]), 0, 1), MICRO_TAG), carry)
+    roles = program.roles
+    batch_at = [i for i, r in enumerate(roles) if r == "batch"]
+    seq_at = [i for i, r in enumerate(roles) if r == "sequence"]
+    sum_at = [i for i, r in enumerate(roles) if r == "summed"]
+
+    # Carried values computed without the activations: their value at each layer's input,
+    # by a scan over the layers before the pipeline (they become per-layer inputs).
+    seq_final, seq_inputs = [], []
+    if seq_at:
+        advance = program.sliced(seq_at, with_ys=False)
+
+        def seq_step(c, x):
+            full = [None] * len(roles)
+            for i, v in zip(seq_at, c):
+                full[i] = v
+            return advance(full, x)[0], c
+
+        seq_final, seq_inputs = scan(seq_step, [carry_leaves[i] for i in seq_at],
+                                     xs_leaves, reverse=reverse)
+
+    def to_stages(a):  # [L, ...] -> [S, R, L/(S·R), ...]: stage s holds chunks s, s+S, ...
+        a = interleave(a, R, S) if R > 1 else a
+        return a.reshape(S, R, layers // (S * R), *a.shape[1:])
+
+    stacked = [to_stages(_tagged(a, LAYERS_TAG)) for a in xs_leaves] + [
+        to_stages(a) for a in seq_inputs]
+    n_x = len(xs_leaves)
+
+    def strided(c):  # [B, ...] -> [M, B/M, ...]: microbatch m is rows m, m+M, ...
+        return jnp.swapaxes(c.reshape(mb, M, *c.shape[1:]), 0, 1)
+
+    micro = [_tagged(strided(_tagged(carry_leaves[i], BATCH_TAG)), MICRO_TAG)
+             for i in batch_at]
+    micro_pe = [strided(v) for v in program.per_example]
     stage = jnp.arange(S)
+    pos = S - 1 - stage if reverse else stage  # each stage's place in the pipeline
+    ys = _per_layer_outputs(program, stacked, n_x, seq_at, len(roles), scan, reverse, S, R,
+                            layers)
 
-    outputs = _layer_outputs(body, carry, xs, scan, layer or LayerTrace.of(body, carry, xs))
+    def run_stage(h, pe, m, sums, layer_inputs):
+        def one(c, x):
+            hs, acc = c
+            full = [None] * len(roles)
+            for i, v in zip(batch_at, hs):
+                full[i] = v
+            for i, v in zip(sum_at, acc):
+                full[i] = v
+            for i, v in zip(seq_at, x[n_x:]):
+                full[i] = v
+            out, _ = program.apply(m, pe, full, x[:n_x])
+            return ([out[i] for i in batch_at], [out[i] for i in sum_at]), None
 
-    def run_stage(h, layer_inputs):
-        def layer(h, x):
-            return body(h, x)[0], None
-
-        return scan(layer, h, layer_inputs)[0]
+        return scan(one, (h, sums), layer_inputs, reverse=reverse)[0]
 
     def where_stage(mask, a, b):
         return jnp.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
 
     def chunk(t):
         """Each stage's layers for the pass it is in at iteration t."""
-        r = jnp.clip((t - stage) // M, 0, R - 1)
-        chosen = jax.tree.map(lambda w: w[:, 0], stacked)
+        r = jnp.clip((t - pos) // M, 0, R - 1)
+        chosen = [w[:, 0] for w in stacked]
         for i in range(1, R):
-            chosen = jax.tree.map(lambda c, w, i=i: where_stage(r == i, w[:, i], c),
-                                  chosen, stacked)
+            chosen = [where_stage(r == i, w[:, i], c) for c, w in zip(chosen, stacked)]
         return chosen
 
+    def shift(y):
+        return roll(y, -1 if reverse else 1, axis=0)
+
     def step(loop, t):
-        state, outs, circ = loop
-        k = t - stage  # the step each stage works on: microbatch k mod M, pass k div M
+        (state, pe_state), outs, circ, acc = loop
+        k = t - pos  # the step each stage works on: microbatch k mod M, pass k div M
         valid = (k >= 0) & (k < M * R)
-        first = jax.tree.map(lambda m: lax.dynamic_index_in_dim(m, jnp.minimum(t, M - 1), 0,
-                                                                keepdims=True), micro)
-        if R > 1:  # later passes re-enter stage 0 from the recirculation buffer
-            again = jax.tree.map(lambda c: lax.dynamic_index_in_dim(c, t % M, 1, False), circ)
-            first = jax.tree.map(lambda f, a: jnp.where(t < M, f, a), first, again)
-        inputs = jax.tree.map(lambda f, s: where_stage(stage == 0, jnp.broadcast_to(f, s.shape),
-                                                       s), first, state)
-        inputs = jax.tree.map(lambda s: where_stage(valid, s, jnp.zeros_like(s)), inputs)
-        out = jax.vmap(run_stage)(inputs, chunk(t))
-        shifted = jax.tree.map(lambda y: roll(y, 1, axis=0), out)
+        m = jnp.clip(k, 0, M * R - 1) % M
+        first = [lax.dynamic_index_in_dim(x, jnp.minimum(t, M - 1), 0, keepdims=True)
+                 for x in micro]
+        if R > 1:  # later passes re-enter the first stage from the recirculation buffer
+            again = [lax.dynamic_index_in_dim(c, t % M, 1, False) for c in circ]
+            first = [jnp.where(t < M, f, a) for f, a in zip(first, again)]
+        pe_first = [lax.dynamic_index_in_dim(x, t % M, 0, keepdims=True) for x in micro_pe]
+        head = pos == 0
+
+        def entering(f, s):
+            return where_stage(head, jnp.broadcast_to(f, s.shape), s)
+
+        inputs = [where_stage(valid, v, jnp.zeros_like(v))
+                  for v in map(entering, first, state)]
+        pe_in = list(map(entering, pe_first, pe_state))
+        zero = [jnp.zeros((S, *v.shape), v.dtype) for v in (carry_leaves[i] for i in sum_at)]
+        out, sums = jax.vmap(run_stage)(inputs, pe_in, m, zero, chunk(t))
+        acc = [a + where_stage(valid, s, jnp.zeros_like(s)) for a, s in zip(acc, sums)]
+        shifted = [shift(y) for y in out]
+        pe_shifted = [shift(y) for y in pe_in]
         # What the last stage finished: microbatch `done` of pass `last`.
         k_last = t - (S - 1)
         done = jnp.clip(k_last, 0, M * R - 1) % M
         last = jnp.clip(k_last, 0, M * R - 1) // M
-        if R > 1:  # not its last pass: into stage 0's slot `done` of the buffer
-            back = (stage == 0) & (k_last >= 0) & (last < R - 1)
-            circ = jax.tree.map(
-                lambda c, y: where_stage(back, lax.dynamic_update_index_in_dim(
-                    c, y[:, None], done, 1), c), circ, shifted)
+        if R > 1:  # not its last pass: into the first stage's slot `done` of the buffer
+            back = head & (k_last >= 0) & (last < R - 1)
+            circ = [where_stage(back, lax.dynamic_update_index_in_dim(c, y[:, None], done, 1),
+                                c) for c, y in zip(circ, shifted)]
         # Its last pass goes to its slot of the output buffer. The buffer has a stage
         # dimension too, so each stage writes only its own (local) block and only the last
         # stage's block is kept: no stage reads another's block in the loop.
-        keep = (stage == S - 1) & (k_last >= 0) & (last == R - 1)
-        outs = jax.tree.map(
-            lambda o, y: where_stage(keep, lax.dynamic_update_index_in_dim(o, y[:, None], done, 1),
-                                     o),
-            outs, out)
-        return (shifted, outs, circ), None
+        keep = (pos == S - 1) & (k_last >= 0) & (last == R - 1)
+        outs = [where_stage(keep, lax.dynamic_update_index_in_dim(o, y[:, None], done, 1), o)
+                for o, y in zip(outs, out)]
+        return ((shifted, pe_shifted), outs, circ, acc), None
 
-    state0 = jax.tree.map(lambda m: _tagged(jnp.full((S, *m.shape[1:]), fill, m.dtype),
-                                            STATE_TAG), micro)
-    outs0 = jax.tree.map(lambda m: jnp.full((S, *m.shape), fill, m.dtype), micro)
-    circ0 = jax.tree.map(lambda m: jnp.full((S, *m.shape), fill, m.dtype), micro) if R > 1 \
-        else ()
-    (_, outs, _), _ = scan(step, (state0, outs0, circ0), jnp.arange(shape.iterations))
+    state0 = [_tagged(jnp.full((S, *m.shape[1:]), fill, m.dtype), STATE_TAG) for m in micro]
+    pe0 = [jnp.zeros((S, *m.shape[1:]), m.dtype) for m in micro_pe]
+    outs0 = [jnp.full((S, *m.shape), fill, m.dtype) for m in micro]
+    circ0 = [jnp.full((S, *m.shape), fill, m.dtype) for m in micro] if R > 1 else []
+    acc0 = [jnp.zeros((S, *jnp.shape(carry_leaves[i])), jnp.result_type(carry_leaves[i]))
+            for i in sum_at]
+    (_, outs, _, acc), _ = scan(step, ((state0, pe0), outs0, circ0, acc0),
+                                jnp.arange(shape.iterations))
     # The last stage's block, taken as a masked sum over stages (one reduction over the stage
     # axis once partitioned, rather than a gather of every stage's block).
-    outs = jax.tree.map(lambda o: jnp.sum(where_stage(stage == S - 1, o, jnp.zeros_like(o)),
-                                          axis=0), outs)
-    final = jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1).reshape(batch, *o.shape[2:]), outs)
-    return final, outputs
+    outs = [jnp.sum(where_stage(pos == S - 1, o, jnp.zeros_like(o)), axis=0) for o in outs]
+    final = list(carry_leaves)
+    for i, o in zip(batch_at, outs):
+        final[i] = jnp.swapaxes(o, 0, 1).reshape(batch, *o.shape[2:])
+    for i, v in zip(seq_at, seq_final):
+        final[i] = v
+    for i, a in zip(sum_at, acc):
+        scale = program.summed_scale[i]
+        total = jnp.sum(a, axis=0)
+        final[i] = (carry_leaves[i] + (total if scale == 1 else total * scale)).astype(
+            jnp.result_type(carry_leaves[i]))
+    return jax.tree.unflatten(carry_tree, final), ys
+
+
+def _per_layer_outputs(program: LayerProgram, stacked: list, n_x: int, seq_at: list[int],
+                       n_carry: int, scan: Callable, reverse: bool, S: int, R: int,
+                       layers: int):
+    """The scan's per-layer outputs `ys` (ones that do not depend on the activations: Flax
+    `nn.scan`'s empty tuples, `nnx.scan`'s module state), each stage computing its own layers'
+    from the layer inputs it holds, so no stacked input moves between stages."""
+    shapes = program.ys_shapes
+    if not jax.tree.leaves(shapes):
+        return shapes
+    compute = program.sliced([], with_ys=True)
+
+    def per_layer(_, x):
+        full = [None] * n_carry
+        for i, v in zip(seq_at, x[n_x:]):
+            full[i] = v
+        return None, compute(full, x[:n_x])[1]
+
+    def per_stage(inputs):  # [R, L/(S·R), ...] -> per-layer outputs of the stage's chunks
+        return jax.vmap(lambda chunk: scan(per_layer, None, chunk, reverse=reverse)[1])(inputs)
+
+    out = jax.vmap(per_stage)(stacked)  # [S, R, L/(S·R), ...]
+    out = [o.reshape(layers, *o.shape[3:]) for o in out]
+    if R > 1:
+        out = [interleave(o, R, S, inverse=True) for o in out]
+    return jax.tree.unflatten(jax.tree.structure(shapes), out)
 
 
 @dataclass(frozen=True)
@@ -223,23 +338,6 @@ class LayerTrace:
         return any(v in self.tainted for v in self.jaxpr.jaxpr.outvars[n_carry:])
 
 
-def _layer_outputs(body: Callable, carry, xs, scan: Callable, layer: LayerTrace):
-    """The scan's per-layer outputs `ys`, where the pipeline can give them: none (Flax
-    `nn.scan`'s empty tuples come back as they are), or outputs that do not depend on the
-    carried activations (`nnx.scan` returns each layer's module state), computed by a plain
-    scan over the layers with the carry left at zeros, whose unused activations XLA drops.
-    Outputs computed from the activations would have to be pipelined too: refused."""
-    outs = layer.shapes[1]
-    if not jax.tree.leaves(outs):
-        return outs
-    if layer.outputs_depend_on_carry():
-        raise PartitionError("PP: the layer loop returns per-layer outputs computed from the "
-                             "activations; a pipelined loop supports per-layer outputs that "
-                             "depend only on the layers' own inputs (a module's state)")
-    zeros = jax.tree.map(jnp.zeros_like, carry)
-    return scan(lambda c, x: (c, body(zeros, x)[1]), (), xs)[1]
-
-
 class PipelineWarning(UserWarning):
     """Pipelining changes what the step computes (batch-coupled ops in the layer body)."""
 
@@ -252,23 +350,35 @@ _BATCH_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce
 def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
     """The reductions in one layer whose reduced axes include a leading dimension of size
     `batch` of a value computed from the carry: rows of a microbatch would see only their
-    microbatch (batch norm's statistics). A heuristic: a non-batch dimension of the same size
+    microbatch (batch norm's statistics). Only what the batch-major carry is computed from
+    counts: a reduction feeding a carried sum (an auxiliary loss) is summed exactly over
+    microbatches (`row_sums`) or refused. A heuristic: a non-batch dimension of the same size
     counts too, so it warns, never refuses."""
+    from jax._src.interpreters import partial_eval as pe
+
     found: list[str] = []
+    jaxpr = layer.jaxpr.jaxpr
+    n_carry = len(jax.tree.leaves(layer.shapes[0]))
+    used = [i < n_carry and getattr(v.aval, "ndim", 0) >= 1 and v.aval.shape[0] == batch
+            for i, v in enumerate(jaxpr.outvars)]
+    needed = pe.dce_jaxpr(jaxpr, used, instantiate=False)[0]
+    kept = {v for e in needed.eqns for v in e.outvars}  # DCE may rebuild calls, not vars
 
     def visit(eqns, tainted) -> None:
         for eqn in eqns:
             if not any(v in tainted for v in eqn.outvars):
                 continue
             axes = eqn.params.get("axes", (eqn.params.get("axis"),))
-            operand = eqn.invars[0].aval
+            # An equation may have no operand (iota, a constant inside a remat or a nested
+            # jit): nothing of the batch to reduce.
+            operand = eqn.invars[0].aval if eqn.invars else None
             if (eqn.primitive.name in _BATCH_REDUCTIONS and getattr(operand, "ndim", 0)
                     and operand.shape[0] == batch and 0 in tuple(axes or ())):
                 found.append(eqn.primitive.name)
             for sub in jex_core.jaxprs_in_params(eqn.params):  # inside: every value counts
                 visit(sub.eqns, _Everything())
 
-    visit(layer.jaxpr.jaxpr.eqns, layer.tainted)
+    visit([e for e in jaxpr.eqns if any(v in kept for v in e.outvars)], layer.tainted)
     return sorted(set(found))
 
 
@@ -281,8 +391,9 @@ class _Everything:
 
 class _LayerLoopHook:
     """While the step is traced: the first `jax.lax.scan` over stacked layers (every `xs` leaf
-    with the same leading length, every carried leaf batch-major) becomes a pipelined loop.
-    Scans inside it, and every scan after it, are left alone."""
+    with the same leading length, an array in the carry) becomes a pipelined loop. Scans
+    inside it, and every scan after it, are left alone; scans passed over are recorded with
+    the reason, for the tactic's "no layer loop found"."""
 
     def __init__(self, tactic: PipelineParallel, stages: int):
         self.tactic, self.stages = tactic, stages
@@ -291,44 +402,67 @@ class _LayerLoopHook:
     def __enter__(self):
         self.original = jax.lax.scan
         self.tactic.found = None
+        self.tactic.passed_over = []
         jax.lax.scan = self.scan
         return self
 
     def __exit__(self, *exc):
         jax.lax.scan = self.original
 
-    def qualifies(self, init, xs, reverse: bool) -> bool:
+    @staticmethod
+    def why_not(init, xs) -> str | None:
+        """Why a scan is not a loop over stacked layers (None: it is one)."""
         xs_leaves, carry_leaves = jax.tree.leaves(xs), jax.tree.leaves(init)
-        return (not reverse and bool(xs_leaves) and bool(carry_leaves)
-                and all(getattr(x, "ndim", 0) >= 1 for x in xs_leaves + carry_leaves)
-                and len({x.shape[0] for x in xs_leaves}) == 1
-                and len({c.shape[0] for c in carry_leaves}) == 1)
+        if not xs_leaves:
+            return "it scans no per-layer inputs (xs)"
+        if any(getattr(x, "ndim", 0) < 1 for x in xs_leaves) or len(
+                {x.shape[0] for x in xs_leaves}) != 1:
+            return "its xs leaves do not share a leading (layer) dimension"
+        if not any(getattr(c, "ndim", 0) >= 1 for c in carry_leaves):
+            return "its carry holds no array with a batch dimension"
+        return None
 
     def scan(self, f, init, xs=None, length=None, reverse=False, unroll=1, **kwargs):
-        if self.inside or self.tactic.found is not None or not self.qualifies(init, xs,
-                                                                                reverse):
+        if self.inside or self.tactic.found is not None:
             return self.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
                                  **kwargs)
+        why = self.why_not(init, xs)
+        if why is not None:
+            self.tactic.passed_over.append(f"the scan at {_call_site()}: {why}")
+            return self.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
+                                 **kwargs)
+        site = _call_site()
         layers = jax.tree.leaves(xs)[0].shape[0]
-        batch = jax.tree.leaves(init)[0].shape[0]
+        batch = _batch_size(jax.tree.leaves(init))
+        kept = KeptState()
         layer = LayerTrace.of(f, init, xs)
         coupled = batch_coupled_ops(layer, batch)
         if coupled:
-            warnings.warn(f"{self.tactic.name}: the layer body reduces over the batch "
-                          f"dimension ({', '.join(coupled)}): microbatching computes those "
-                          f"statistics per microbatch of {batch // self.tactic.microbatches}, "
-                          f"not over the batch of {batch} (e.g. batch norm), so results may "
-                          f"differ from the unpipelined step", PipelineWarning, stacklevel=2)
+            warnings.warn(f"{self.tactic.name}: the layer body of the scan at {site} reduces "
+                          f"over the batch dimension ({', '.join(coupled)}): microbatching "
+                          f"computes those statistics per microbatch of "
+                          f"{batch // self.tactic.microbatches}, not over the batch of "
+                          f"{batch} (e.g. batch norm), so results may differ from the "
+                          f"unpipelined step", PipelineWarning, stacklevel=2)
         self.tactic.found = PipelineShape(self.stages, self.tactic.microbatches, layers,
                                           self.tactic.repeats)
         self.tactic.batch = batch
+        self.tactic.site = site
         self.inside = True
+        from jax._src import source_info_util
+
+        # The pipeline's own ops (shifts, microbatch reads and writes, the masks) are the
+        # user's scan call: their locations, hence the collectives' lines and phases in the
+        # report, name the model's line rather than this module's.
+        at_scan = source_info_util.user_context(source_info_util.current().traceback)
         try:
-            return pipelined_scan(f, init, xs, stages=self.stages,
-                                  microbatches=self.tactic.microbatches,
-                                  repeats=self.tactic.repeats, scan=self.original,
-                                  layer=layer,
-                                  fill=float("nan") if self.tactic.poison_bubbles else 0.0)
+            with at_scan:
+                return pipelined_scan(f, init, xs, stages=self.stages,
+                                      microbatches=self.tactic.microbatches,
+                                      repeats=self.tactic.repeats, scan=self.original,
+                                      layer=layer, reverse=reverse, site=site, kept=kept,
+                                      fill=float("nan") if self.tactic.poison_bubbles
+                                      else 0.0)
         finally:
             self.inside = False
 
@@ -357,6 +491,8 @@ class PipelineParallel:
     poison_bubbles: bool = False
     found: PipelineShape | None = field(default=None, init=False, repr=False)
     batch: int | None = field(default=None, init=False, repr=False)
+    site: str | None = field(default=None, init=False, repr=False)
+    passed_over: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
         if self.schedule not in ("gpipe", "circular"):
@@ -382,7 +518,9 @@ class PipelineParallel:
                 f"{self.name}: no layer loop found: PP pipelines a `jax.lax.scan` over stacked "
                 f"layers (parameters with a leading [L] dimension passed as the scan's xs, "
                 f"a batch-major carry), as Flax nn.scan, nnx.scan or a plain lax.scan write "
-                f"it; the traced step has none")
+                f"it; the traced step has none"
+                + ("" if not self.passed_over else " (passed over: "
+                   + "; ".join(self.passed_over) + ")"))
         leaves = {leaf.value: leaf for leaf in ctx.leaves}
         for v in ctx.state.tagged(LAYERS_TAG):
             source = v.producer.operands[0]

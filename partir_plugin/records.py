@@ -24,7 +24,7 @@ from .simulation import CollectiveCost, SimulationResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.layout import Layout
 from .spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
-from .spmd.provenance import Conversion
+from .spmd.provenance import Conversion, Movement
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
 
@@ -45,6 +45,7 @@ class Reason(enum.StrEnum):
     RESHARD = "reshard"  # a tiling moves between dimensions or axes (all_to_all, permute)
     BOUNDARY = "boundary"  # the function returns the value in its declared layout
     LOOP = "loop-carried"  # a loop or branch carries the value in one layout
+    MOVEMENT = "movement"  # the program moves data between devices (a pipeline's shift)
 
 
 @dataclass(frozen=True)
@@ -380,12 +381,18 @@ def collective_sites(ops: Iterable[Op], state: PartitionState, sim: SimulationRe
             continue
         axes = collective_axes(op)
         conv = op.origin if isinstance(op.origin, Conversion) else None
-        if conv is None:
-            # Emitted by an op's own lowering (a roll's permutes, a halo exchange): that op,
-            # whose number keeps the id across rows (as a conversion's value and consumer do).
+        if isinstance(op.origin, Movement):  # stable across rows: keyed by the marker op
+            marker = op.origin.op
+            n = ordinal[marker] = ordinal.get(marker, -1) + 1
+            key: tuple = ("movement", index.number(marker), n)
+            reason, served, value = Reason.MOVEMENT, marker, marker.operands[0]
+        elif conv is None:
+            # Emitted by an op's own lowering (a halo exchange, own reducer's gather): that
+            # op, whose number keeps the id across rows (as a conversion's value and consumer
+            # do).
             served = op.origin if isinstance(op.origin, Op) else None
             n = ordinal[served] = ordinal.get(served, -1) + 1
-            key: tuple = ("emitted", index.number(served), n)
+            key = ("emitted", index.number(served), n)
             reason, value = Reason.RESHARD, None
         else:
             n = ordinal[conv] = ordinal.get(conv, -1) + 1

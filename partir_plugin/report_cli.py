@@ -222,21 +222,23 @@ def load_schedule(args: argparse.Namespace) -> list:
 
 # --- building the report -------------------------------------------------------------------
 
-def build_metadata(load: Callable[[], tuple], mesh, schedule: Sequence, hardware=None, *,
-                   baseline: bool = True) -> Metadata:
-    """Partition what `load()` returns (`(func, leaves, arg_names, unflatten)`, fresh on every
-    call) with `schedule` and return the filled Metadata. With `baseline`, the first row is the
-    unpartitioned program. `unflatten(specs)` rebuilds the arguments' structure or is None."""
+def build_metadata(load: Callable[[Sequence], tuple], mesh, schedule: Sequence, hardware=None,
+                   *, baseline: bool = True) -> Metadata:
+    """Partition what `load(schedule)` returns (`(func, leaves, arg_names, unflatten)`, fresh
+    on every call; traced for `schedule`, whose trace hooks may change the program, as PP's
+    does) with `schedule` and return the filled Metadata. With `baseline`, the first row is the
+    unpartitioned program (`load([])`). `unflatten(specs)` rebuilds the arguments' structure or
+    is None."""
     from .core.mesh import Mesh
     from .pipeline import apply_schedule, tactic_report
 
     mesh = Mesh.of(mesh)
     reports: list[TacticReport] = []
     if baseline:
-        func, leaves, names, _ = load()
+        func, leaves, names, _ = load([])
         base = apply_schedule(func, leaves, mesh, [], hardware=hardware, arg_names=names)
         reports.append(tactic_report(BASELINE, base.program, base.state, hardware))
-    func, leaves, names, unflatten = load()
+    func, leaves, names, unflatten = load(list(schedule))
     part = apply_schedule(func, leaves, mesh, list(schedule), hardware=hardware, arg_names=names)
     reports.extend(part.reports)
     in_specs = [lay.spec() for lay in part.program.in_layouts]
@@ -252,13 +254,15 @@ def build_metadata(load: Callable[[], tuple], mesh, schedule: Sequence, hardware
 
 def report_for_function(fn, args: tuple, mesh, schedule: Sequence, hardware=None, *,
                         baseline: bool = True) -> Metadata:
-    """Trace `fn` on `args` (arrays or ShapeDtypeStructs) and partition it; nothing runs."""
+    """Trace `fn` on `args` (arrays or ShapeDtypeStructs) and partition it; nothing runs.
+    The trace is `partir.jit`'s: with the schedule's trace hooks (PP's layer loop)."""
     import jax
 
-    from .pipeline import trace
+    from .core.mesh import Mesh
+    from .pipeline import trace, trace_hooks
 
-    def load():
-        t = trace(fn, tuple(args))
+    def load(schedule):
+        t = trace(fn, tuple(args), trace_hooks(schedule, Mesh.of(mesh)))
 
         def unflatten(in_specs, out_specs):
             ins = jax.tree_util.tree_unflatten(t.in_tree, in_specs)[0]
@@ -278,7 +282,7 @@ def report_for_stablehlo(source: str | bytes, mesh, schedule: Sequence, hardware
     from .core.actions import Leaf
     from .ir.importer import import_stablehlo
 
-    def load():
+    def load(_schedule):
         try:
             func = import_stablehlo(source, entry)
         except ValueError as e:

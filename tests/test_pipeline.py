@@ -363,3 +363,97 @@ def test_batch_coupled_layer_bodies_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", PipelineWarning)
         lowered(layer_norm)
+
+
+# -- issue 34: the layer body as users write it ----------------------------------------------
+
+@pytest.mark.parametrize("shape,dim,inner,bits", [((12, 5), 0, 1, 32), ((12, 5), 0, 1, 8),
+                                                   ((3, 12, 2), 1, 1, 32), ((60,), 0, 5, 16)])
+def test_microbatch_bits_are_the_rows_of_the_whole_batch_draw(shape, dim, inner, bits):
+    """Microbatch m of M draws bit for bit rows m, m+M, ... of the whole batch's draw (for a
+    dimension folding the batch with `inner` elements per row: those rows' elements)."""
+    from partir_plugin.microbatch_rng import Draw, microbatch_bits
+
+    M = 4
+    key = jax.random.key(7)
+    whole = np.asarray(jax.random.bits(key, shape, jnp.dtype(f"uint{bits}")))
+    rows = shape[dim] // inner
+    local = list(shape)
+    local[dim] = rows // M * inner
+    for m in range(M):
+        got = jax.jit(lambda k, m: microbatch_bits(
+            k, bit_width=bits, shape=tuple(local), draw=Draw(dim, inner), microbatch=m,
+            microbatches=M))(key, m)
+        mine = np.arange(rows)[m::M]
+        index = (mine[:, None] * inner + np.arange(inner)).reshape(-1)
+        np.testing.assert_array_equal(np.asarray(got), np.take(whole, index, axis=dim))
+
+
+def _dropout_scan(x, w, keys, *, impl_key=lambda k: k):
+    def body(h, p):
+        wl, k = p
+        keep = jax.random.bernoulli(impl_key(k), 0.5, h.shape)
+        return jnp.where(keep, jnp.tanh(h @ wl), 0.0), None
+
+    return lax.scan(body, x, (w, keys))[0]
+
+
+def test_pipelined_dropout_draws_the_unpipelined_masks_and_refuses_what_it_cannot_match():
+    params, x, _ = _stack(layers=4, batch=16)
+    w = params["w1"][..., :16]
+    keys = jax.random.split(jax.random.key(3), 4)
+    pipelined = lambda f, c, xs: pipelined_scan(f, c, xs, stages=2, microbatches=4)
+
+    def run(scan, **kw):
+        orig = lax.scan
+        jax.lax.scan = scan
+        try:
+            return jax.jit(lambda x, w, k: _dropout_scan(x, w, k, **kw))(x, w, keys)
+        finally:
+            jax.lax.scan = orig
+
+    want = run(lax.scan)
+    np.testing.assert_array_equal(run(pipelined), want)
+    rbg = lambda k: jax.random.key(jax.random.key_data(k)[0], impl="rbg")
+    with pytest.raises(partir.PartitionError, match="rbg.*threefry2x32"):
+        run(pipelined, impl_key=rbg)
+    with jax.threefry_partitionable(False), pytest.raises(partir.PartitionError,
+                                                          match="jax_threefry_partitionable"):
+        run(pipelined)
+
+
+def test_a_captured_weight_whose_first_dimension_is_the_batch_is_not_microbatched():
+    """A closed-over `[B, D]` matrix the body multiplies by (B == D here) is a weight, not a
+    per-example tensor; a closed-over `[B, D]` the body adds row by row is per-example."""
+    params, x, _ = _stack(layers=4, d=16, batch=16)
+    shared = jax.random.normal(jax.random.PRNGKey(5), (16, 16)) / 4
+    bias = jax.random.normal(jax.random.PRNGKey(6), (16, 16))
+
+    def f(params, x, shared, bias):
+        def body(h, p):
+            return jnp.tanh(h @ shared + bias) @ p["w1"] @ p["w2"] / 8, None
+
+        return lax.scan(body, x, params)[0]
+
+    def g(*args):
+        return jax.value_and_grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 2, 3))(*args)
+
+    fn, _ = partir.jit(g, {"stage": 2}, [partir.tactic("PP", microbatches=4)])
+    _assert_close(fn(params, x, shared, bias), jax.jit(g)(params, x, shared, bias))
+
+
+def test_a_non_batch_carry_that_is_not_a_sum_over_rows_is_refused_by_line_and_leaf():
+    params, x, _ = _stack(layers=4, batch=16)
+
+    def f(params, x):
+        def body(c, p):
+            h, scale = c
+            h = _layer(h, p)[0]
+            return (h, scale * jnp.mean(h)), None
+
+        return lax.scan(body, (x, jnp.ones(())), params)[0]  # the refused scan
+
+    fn, _ = partir.jit(f, {"stage": 2}, [partir.tactic("PP", microbatches=4)])
+    with pytest.raises(partir.PartitionError, match=r"test_pipeline\.py:\d+ carries "
+                                                    r"carry\[1\] \(shape \(\)\)"):
+        fn.lower(params, x)

@@ -35,7 +35,7 @@ from .interleave import lower_interleave
 from .layout import Layout
 from .masking import WINDOW_PAD, Mask, apply_mask, drop_index_hints, masks
 from .own_reducer import combine_partials, local_operands, own_identity
-from .provenance import Conversion, mark_origin
+from .provenance import Conversion, Movement, mark_origin
 from .rotation import lower_roll
 from .scan import lower_scan, scan_axes
 from .scatter_exchange import exchange_axes
@@ -965,9 +965,13 @@ class _Lowering:
         a = {k: parse_scalar(v) for k, v in op.attributes.items()}
         dim = a.get("axis", 0)
         axes = tuple(ax for ax, e in nest if e.operands[0] == dim)
+        start = len(self.em.block.ops)
         if op.name == ROLL_OP:
-            return lower_roll(self.em, x, a["shift"], dim, axes)
-        return lower_interleave(self.em, x, a["repeats"], a["stages"], a["inverse"], axes)
+            y = lower_roll(self.em, x, a["shift"], dim, axes)
+        else:
+            y = lower_interleave(self.em, x, a["repeats"], a["stages"], a["inverse"], axes)
+        mark_origin(self.em.block.ops[start:], Movement(op))  # records: its line and phase
+        return y
 
     def _forwarded_sum(self, op: Op, wanted: list[Layout]) -> tuple:
         """Pending sums a linear op can pass through (`accumulation.LINEAR_OPERANDS`): when

@@ -29,7 +29,15 @@ class Conversion:
     want: Layout
 
 
-def mark_origin(ops: Iterable[Op], conversion: Conversion) -> None:
+@dataclass(frozen=True)
+class Movement:
+    """A data movement the program asks for (`partir.roll`, `partir.interleave`: a
+    pipeline's shift between stages, its circular layout), lowered at `op`."""
+
+    op: Op
+
+
+def mark_origin(ops: Iterable[Op], conversion: Conversion | Movement) -> None:
     """Put `conversion` on the collectives among `ops` (what one edge's conversion emitted)."""
     for op in ops:
         if KIND_ATTR in op.attributes:

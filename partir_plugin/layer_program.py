@@ -1,0 +1,332 @@
+"""One layer of a pipelined loop as the pipeline runs it: per microbatch (issue 34).
+
+The PP trace hook gets the user's scan body `f(carry, x)` written for the whole batch. To run it
+on a microbatch, the pipeline needs more than the carry's rows:
+
+- **Per-example tensors the body reads but does not carry** (a padding mask, segment ids or
+  positions closed over by a `lax.scan` body, or passed with Flax `nn.scan(...,
+  in_axes=nn.broadcast)`, which closes over them too) must be cut to the microbatch's rows
+  with the carry. They are the body's captured values whose leading dimension is the batch and
+  without which the body does not trace at a microbatch size (`_per_example`: a captured value
+  whose rows the body never lines up with the carry's, a weight whose first dimension happens
+  to equal the batch, keeps its full shape). The body is re-traced at the microbatch size
+  with those values read as explicit inputs (`_reading`: the captured tracer's aval is the
+  microbatch's while jax traces the body, and its lifting into the body's jaxpr gives the
+  input instead), so nested `jax.jit`, `jax.checkpoint` and Flax lifted transforms inside the
+  body trace as they would for the user.
+- **Random draws** give each microbatch its rows of the whole batch's draw
+  (`microbatch_rng`).
+- **Carried values without the batch** are sorted by what the body does with them: those
+  computed without the activations (a carried PRNG key, a layer counter) form a sequence over
+  the layers computed before the pipeline (`sequence`); those that add to themselves a sum over
+  the microbatch's rows (an MoE auxiliary loss) are summed over microbatches (`summed`,
+  `row_sums` decides when that is exact); anything else is refused, naming the scan's line and
+  the carry leaf.
+
+The program is the body's jaxpr at the microbatch size, inputs `(per-example..., carry...,
+x...)`, outputs `(carry..., ys...)`, evaluated inside the pipeline (`apply`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from . import microbatch_rng
+from .errors import PartitionError
+
+SENTINELS = (1009, 1013, 1019, 1021)  # microbatch sizes for tracing that no real shape has
+
+
+def leaf_names(tree, prefix: str) -> list[str]:
+    """Each leaf of `tree` as `prefix` plus its key path (`carry[1]['aux']`)."""
+    return [prefix + jax.tree_util.keystr(path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+@contextlib.contextmanager
+def _reading(subs: dict[int, tuple]):
+    """While jax traces: each captured value `outer` of `subs[id(outer)] = (outer, inner)`
+    has `inner`'s shape, and the traced program reads `inner` where it reads `outer`."""
+    from jax._src.interpreters import partial_eval as pe
+
+    trace = pe.DynamicJaxprTrace
+    original = trace.new_const
+
+    def new_const(self, c, source_info, aval=None):
+        sub = subs.get(id(c))
+        if sub is not None:
+            return self.to_jaxpr_tracer(sub[1], source_info)
+        return original(self, c, source_info, aval)
+
+    saved = {k: outer.aval for k, (outer, _) in subs.items()}
+    try:
+        for outer, inner in subs.values():
+            outer.aval = outer.aval.update(shape=inner.aval.shape)
+        trace.new_const = trace.pure = trace.lift = new_const
+        yield
+    finally:
+        trace.new_const = trace.pure = trace.lift = original
+        for k, (outer, _) in subs.items():
+            outer.aval = saved[k]
+
+
+class KeptState:
+    """Python state a trace of a layer body changes, saved to be restored: Flax counts the
+    random keys each module scope makes (`Scope.rng_counters`, shared with the lifted scan's
+    body), so every trace of an `nn.scan` body advances the counters, and the keys of the
+    next trace differ. The unpipelined step traces the body once; PP traces it a few times
+    to learn its shape (for the whole batch, at a sentinel microbatch size), then restores
+    the counters so that its last trace, the one it runs, draws with the keys the
+    unpipelined step's single trace draws with, and leaves them as that trace does."""
+
+    def __init__(self) -> None:
+        import gc
+        import sys
+
+        scope = sys.modules.get("flax.core.scope")
+        self.saved = [] if scope is None else [
+            (o.rng_counters, _copy_dict(o.rng_counters)) for o in gc.get_objects()
+            if isinstance(o, scope.Scope) and isinstance(getattr(o, "rng_counters", None), dict)]
+
+    def restore(self) -> None:
+        for live, saved in self.saved:
+            _restore_dict(live, saved)
+
+
+def _copy_dict(d: dict) -> dict:
+    """A copy of nested dicts, keys kept as they are (Flax keys child scopes by sentinel
+    objects, which a deep copy would replace)."""
+    return {k: _copy_dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def _restore_dict(live: dict, saved: dict) -> None:
+    for k in [k for k in live if k not in saved]:
+        del live[k]
+    for k, v in saved.items():
+        if isinstance(v, dict) and isinstance(live.get(k), dict):
+            _restore_dict(live[k], v)
+        else:
+            live[k] = v
+
+
+def _substitutable(c) -> bool:
+    """A captured value `_reading` can stand in for: a jax tracer (a value of the step) or a
+    jax array (a constant the step closes over), not a numpy array (jax converts it anew at
+    each use, so no use can be recognised)."""
+    return isinstance(c, (jax.core.Tracer, jax.Array)) and hasattr(c, "aval")
+
+
+def _trace_at(f: Callable, carry_leaves, carry_tree, batch_mask: Sequence[bool], x_avals,
+              per_example: Sequence, rows: int):
+    """`f` traced with batch-major carry leaves and `per_example` values of `rows` rows:
+    (closed jaxpr over (per_example..., carry..., x...), output shapes (carry, ys))."""
+    def rows_of(a):
+        return jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype)
+
+    carry_avals = [rows_of(c) if b else jax.ShapeDtypeStruct(c.shape, c.dtype)
+                   for c, b in zip(carry_leaves, batch_mask)]
+    pe_avals = [rows_of(c) for c in per_example]
+
+    def explicit(pe_vals, carry, x):
+        subs = {id(o): (o, i) for o, i in zip(per_example, pe_vals)}
+        with _reading(subs):
+            return f(jax.tree.unflatten(carry_tree, carry), x)
+
+    return jax.make_jaxpr(explicit, return_shape=True)(pe_avals, carry_avals, x_avals)
+
+
+def _fits(shapes, carry_leaves, batch_mask, rows: int) -> bool:
+    """The body's carry comes back with the shapes it went in with (rows where batch-major)."""
+    out = jax.tree.leaves(shapes[0])
+    return len(out) == len(carry_leaves) and all(
+        tuple(o.shape) == ((rows, *c.shape[1:]) if b else tuple(c.shape))
+        for o, c, b in zip(out, carry_leaves, batch_mask))
+
+
+@dataclass
+class LayerProgram:
+    """The layer body at the microbatch size (module docstring)."""
+
+    jaxpr: jex_core.ClosedJaxpr
+    per_example: list  # the step's full-batch values read per microbatch, in input order
+    batch_mask: list[bool]  # per carry leaf: batch-major (True) or not
+    roles: list[str]  # per carry leaf: "batch", "sequence" or "summed"
+    carry_tree: object
+    ys_shapes: object
+    draws: dict
+    microbatches: int
+    n_x: int
+    carry_names: list[str] = field(default_factory=list)
+    summed_scale: dict = field(default_factory=dict)  # leaf index -> factor on the sum
+
+    @classmethod
+    def build(cls, f: Callable, init, xs, *, microbatches: int, captured: Sequence,
+              site: str, kept: KeptState | None = None) -> LayerProgram:
+        """Trace `f` (a scan body over stacked layers) for microbatches of a batch-major
+        `init`; `captured`: the values the body captures when traced for the whole batch.
+        `kept`: Python state saved before the first trace of `f`, restored before the last
+        (the one the pipeline runs)."""
+        carry_leaves, carry_tree = jax.tree.flatten(init)
+        names = leaf_names(init, "carry")
+        batch = next(c.shape[0] for c in carry_leaves if getattr(c, "ndim", 0) >= 1)
+        batch_mask = [getattr(c, "ndim", 0) >= 1 and c.shape[0] == batch for c in carry_leaves]
+        rows = batch // microbatches
+        x_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
+        dims = {d for a in [*carry_leaves, *jax.tree.leaves(xs), *captured]
+                for d in getattr(a, "shape", ())}
+        sentinel = next(s for s in SENTINELS if s not in dims and s != rows)
+        candidates = [c for c in captured if _substitutable(c) and c.ndim >= 1
+                      and c.shape[0] == batch]
+        per_example, (traced_s, shapes_s) = _per_example(
+            f, carry_leaves, carry_tree, batch_mask, x_avals, candidates, sentinel, site)
+        if kept is not None:
+            kept.restore()
+        closed, shapes = _trace_at(f, carry_leaves, carry_tree, batch_mask, x_avals,
+                                   per_example, rows)
+        if not _fits(shapes, carry_leaves, batch_mask, rows):
+            raise PartitionError(f"PP: the layer loop at {site} does not return its carry "
+                                 f"with the shapes it was given for a microbatch of {rows}")
+        draws = microbatch_rng.find_draws(closed.jaxpr, traced_s.jaxpr, rows, sentinel)
+        program = cls(closed, per_example, batch_mask, [], carry_tree, shapes[1], draws,
+                      microbatches, len(jax.tree.leaves(x_avals)), names)
+        program.roles = program._roles(site, traced_s, sentinel)
+        return program
+
+    # -- what the body does with each carried value ------------------------------------------
+
+    def _tainted(self) -> set:
+        """Variables of the jaxpr computed from the batch (per-example inputs and batch-major
+        carry leaves); a call reading one taints all its outputs."""
+        jaxpr = self.jaxpr.jaxpr
+        n_pe = len(self.per_example)
+        carry_in = jaxpr.invars[n_pe:n_pe + len(self.batch_mask)]
+        tainted = set(jaxpr.invars[:n_pe])
+        tainted.update(v for v, b in zip(carry_in, self.batch_mask) if b)
+        for eqn in jaxpr.eqns:
+            if any(not isinstance(v, jex_core.Literal) and v in tainted for v in eqn.invars):
+                tainted.update(eqn.outvars)
+        return tainted
+
+    def _roles(self, site: str, sentinel_jaxpr, sentinel_rows: int) -> list[str]:
+        from .row_sums import sum_over_rows
+
+        jaxpr = self.jaxpr.jaxpr
+        n_pe, n_c = len(self.per_example), len(self.batch_mask)
+        tainted = self._tainted()
+        outs = jaxpr.outvars
+        ys_out = outs[n_c:]
+        bad_ys = [i for i, v in enumerate(ys_out) if v in tainted]
+        if bad_ys:
+            raise PartitionError(
+                f"PP: the layer loop at {site} returns per-layer outputs computed from the "
+                f"activations (output leaf {bad_ys[0]} of the scan's ys); a pipelined loop "
+                f"returns per-layer outputs that depend only on the layers' own inputs (a "
+                f"module's state)")
+        roles = []
+        for i, b in enumerate(self.batch_mask):
+            if b:
+                roles.append("batch")
+            elif outs[i] not in tainted:
+                roles.append("sequence")
+            else:
+                scale, why = sum_over_rows(self.jaxpr.jaxpr, sentinel_jaxpr.jaxpr,
+                                           n_pe + i, i, tainted, self.microbatches,
+                                           sentinel_rows)
+                if scale is None:
+                    leaf = self.carry_names[i]
+                    shape = jax.tree.leaves(self.jaxpr.out_avals)[i].shape
+                    raise PartitionError(
+                        f"PP: the layer loop at {site} carries {leaf} (shape {tuple(shape)}), "
+                        f"which has no batch dimension and is computed from the activations "
+                        f"in a way the pipeline cannot reproduce per microbatch: {why}. A "
+                        f"pipelined carry is batch-major, independent of the activations (a "
+                        f"key, a counter), or adds a sum over the batch's rows to itself")
+                self.summed_scale[i] = scale
+                roles.append("summed")
+        # A sequence leaf must not read a summed one (it would see a microbatch's partial sum).
+        return roles
+
+    # -- running it ----------------------------------------------------------------------------
+
+    def apply(self, microbatch, per_example: Sequence, carry: Sequence, x: Sequence) -> tuple:
+        """(carry leaves, ys leaves) of one layer on microbatch `microbatch`."""
+        outs = microbatch_rng.evaluate(self.jaxpr.jaxpr, self.jaxpr.consts,
+                                       [*per_example, *carry, *x], self.draws, microbatch,
+                                       self.microbatches)
+        n = len(self.batch_mask)
+        return outs[:n], outs[n:]
+
+    def sliced(self, carry_outputs: Sequence[int], with_ys: bool):
+        """A function `(carry leaves, x leaves) -> (chosen carry outputs, ys leaves)`: the
+        layer restricted to what computes those (the activations' part dropped by DCE)."""
+        from jax._src.interpreters import partial_eval as pe
+
+        jaxpr = self.jaxpr.jaxpr
+        n_c = len(self.batch_mask)
+        used = [i in carry_outputs for i in range(n_c)] + [with_ys] * (
+            len(jaxpr.outvars) - n_c)
+        dced, used_in = pe.dce_jaxpr(jaxpr, used, instantiate=True)
+        n_pe = len(self.per_example)
+        keep = [i for i, u in enumerate(used_in) if u]
+        # What the chosen outputs do not depend on may still be read by an equation DCE
+        # keeps (one with effects): it gets zeros of the microbatch's shape.
+        activations = set(range(n_pe)) | {n_pe + i for i, b in enumerate(self.batch_mask) if b}
+        avals = [v.aval for v in jaxpr.invars]
+        consts = self.jaxpr.consts
+
+        def run(carry, x):
+            import jax.numpy as jnp
+
+            args = [None] * n_pe + list(carry) + list(x)
+            args = [jnp.zeros(avals[i].shape, avals[i].dtype) if i in activations else args[i]
+                    for i in range(len(args))]
+            outs = microbatch_rng.evaluate(dced, consts, [args[i] for i in keep], {}, 0,
+                                           self.microbatches)
+            k = len(carry_outputs)
+            return outs[:k], outs[k:]
+
+        return run
+
+
+def _per_example(f, carry_leaves, carry_tree, batch_mask, x_avals, candidates: list,
+                 sentinel: int, site: str):
+    """The candidates the body lines up with the carry's rows: the smallest choice among
+    none, all, and all but one, with which the body traces at the `sentinel` size and returns
+    its carry's shapes. Returns it with that trace."""
+    tries = [[], candidates] + [[c for c in candidates if c is not d] for d in candidates]
+    errors = []
+    seen = set()
+    for chosen in tries:
+        key = tuple(map(id, chosen))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            traced = _trace_at(f, carry_leaves, carry_tree, batch_mask, x_avals, chosen,
+                               sentinel)
+        except (TypeError, ValueError) as e:
+            errors.append(str(e).splitlines()[0])
+            continue
+        if _fits(traced[1], carry_leaves, batch_mask, sentinel):
+            return chosen, traced
+        errors.append("the carry comes back with other shapes")
+    shapes = ", ".join(str(tuple(c.shape)) for c in candidates) or "none"
+    raise PartitionError(
+        f"PP: the layer loop at {site} does not run on a microbatch: with the carry's rows "
+        f"cut into microbatches, and the batch-major values it reads ({shapes}) cut alike, "
+        f"it fails ({errors[-1] if errors else 'no trace'}). Batch-major values the body "
+        f"reads are microbatched when their leading dimension is the batch")
+
+
+def stacked_names(xs) -> list[str]:
+    return leaf_names(xs, "xs")
+
+
+def as_numpy_shape(a) -> tuple:
+    return tuple(np.shape(a))
