@@ -296,13 +296,15 @@ def recipe_section(rows: dict[str, Row], worst: float, reps: int, steps: int,
 
     base = rows["recipe [BP]"]
     lines = [RECIPE_HEADING, "",
-             f"Command: `make bench-pipeline` (its second part, `{RECIPE_COMMAND}`; "
+             f"Command: `make bench-pipeline` (its second part, `{RECIPE_COMMAND}`; run here "
+             f"with `--reps {reps} --steps {steps}`; "
              f"{total_s / 60:.1f} min). The Flax decoder of `benchmarks/pipeline.py:recipe` "
              "(8 blocks `nn.scan(nn.remat(Block), split_rngs={params, dropout}, "
              "in_axes=nn.broadcast)`, d_model 128, batch 16, sequence 32, dropout 0.1, causal "
              "and padding masks; `value_and_grad` of the masked cross-entropy) on 8 virtual CPU "
              f"devices sharing 2 cores; {reps} repetitions alternating, each the median of "
-             f"{steps} steps, minimum shown; memory as above. Largest gradient difference from "
+             f"{steps} steps, minimum shown; memory: XLA's memory analysis of the compiled "
+             f"step, arguments + temporaries per device. Largest gradient difference from "
              f"jax.jit (same rng) over all runs: {worst:.1e}.", "",
              "| schedule | mesh | partition + compile | step | step / [BP] | memory / device "
              "| memory / [BP] | bubble | permutes | loss vs jax.jit |",
