@@ -121,8 +121,9 @@ def trace(fn, args: tuple, hooks: Sequence = ()) -> Traced:
         leaves.append(Leaf(name, path, v))
     func.arg_names = [lf.qualified for lf in leaves]
     out_avals = jax.tree_util.tree_leaves(lowered.out_info)
-    out_names = [f"output {key_path_str(path)!r}" if path else "output"
-                 for path, _ in jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
+    func.result_paths = [key_path_str(path) for path, _ in
+                         jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
+    out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]
     return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals,
                   out_names)
 

@@ -32,7 +32,8 @@ SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
 # function argument is that argument (a gathered parameter).
 _PASS_THROUGH = frozenset({"stablehlo.convert", "stablehlo.reshape", "stablehlo.transpose",
                            "stablehlo.broadcast_in_dim", "stablehlo.copy",
-                           "stablehlo.bitcast_convert", "stablehlo.optimization_barrier"})
+                           "stablehlo.bitcast_convert", "stablehlo.optimization_barrier",
+                           "stablehlo.reduce_precision"})  # `partir.tag`'s identity
 
 
 class Reason(enum.StrEnum):
@@ -224,6 +225,35 @@ class ProgramIndex:
                 return self.arg_names[arg.index]
         return None
 
+    def returned_gradient(self, v: Value) -> str | None:
+        """The parameter whose gradient `v` is, where the function returns `v` (through data
+        movement) under a key path that ends as one argument's of its size does: a step's
+        `(loss, grads)` returns `grads["wq"]` as `1/wq` for the argument `params/wq`. The
+        layer loop's stacked gradients have no op of their own to read it from."""
+        while True:
+            users = self.users.get(v, [])
+            if len(users) != 1:
+                return None
+            (user, k), = users
+            if user is None:
+                break
+            if user.name not in _PASS_THROUGH:
+                return None
+            v = user.results[0]
+        paths = self.func.result_paths
+        if k >= len(paths) or not paths[k]:
+            return None
+        parts = paths[k].split("/")
+        size = v.type.num_elements
+        for drop in range(1, len(parts)):
+            tail = parts[drop:]
+            found = [name for arg, name in zip(self.func.args, self.arg_names)
+                     if name.split("/")[-len(tail):] == tail
+                     and arg.type.num_elements == size]
+            if len(found) == 1:
+                return found[0]
+        return None
+
     def params_at(self) -> dict[tuple, list[Value]]:
         """Per source stack and scope, the arguments read there (through data movement) by
         forward ops."""
@@ -292,7 +322,8 @@ class CollectiveSite:
                 param = index.arg_names[arg.index]
                 located = index.located(index._read_at[arg])
             else:
-                param = index.gradient_of(self.value, located)
+                param = (index.gradient_of(self.value, located)
+                         or index.returned_gradient(self.value))
         loc = index.parsed(located)
         stack = tuple(f for f in loc.frames if f is loc.source or not is_library_file(f.file))
         return CollectiveRecord(

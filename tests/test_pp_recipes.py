@@ -717,3 +717,14 @@ def test_nnx_scan_layers_under_pp_bp():
     kernels = [s for s in jax.tree.leaves(meta.in_shardings[0]["blocks"]) if s.spec]
     assert kernels and all(s.spec[0] == "stage" for s in kernels), (
         [s.spec for s in jax.tree.leaves(meta.in_shardings[0]["blocks"])])
+
+
+def test_pp_stacked_gradient_reductions_name_their_parameter():
+    """The layer loop's gradients, accumulated over microbatches and reduced once after it,
+    name the stacked parameter they are the gradient of (no op of theirs reads it)."""
+    args = (_init_stack(names=("wq", "wo")), _tokens_batch())
+    step, meta = partir.jit(_diag_step, MESH, [PP(4), BP()])
+    step(*args)
+    after_loop = [r for r in meta.tactics[-1].records
+                  if str(r.kind) == "all_reduce" and r.op == "stablehlo.while"]
+    assert sorted(r.param for r in after_loop) == ["params/wo", "params/wq"], after_loop

@@ -114,6 +114,7 @@ class Func:
     body: Block
     returns: list[Value]
     arg_names: list[str] = field(default_factory=list)
+    result_paths: list[str] = field(default_factory=list)  # each output's key path ("1/w")
     arg_attrs: dict[int, str] = field(default_factory=dict)  # arg index -> "name = value, ..."
     # `partir_plugin.tag` names -> every value tagged so, in program order (a model that calls
     # the same layer twice, or a scan body and its prologue, tags several values alike).
