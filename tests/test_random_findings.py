@@ -236,3 +236,16 @@ def test_lookup_of_a_lookup_with_ids_tiled_over_two_axes():
     args = [_uniform(2, 12), np.array([0, 1], np.int32),
             np.array([[1, 0, 1, 1], [0, 0, 1, 0]], np.int32)]
     assert_matches_jit(fn, args, CUBE, [mp("c", {"arg1": 0}), mp("b", {"arg1": 0})])
+
+
+def test_scatter_max_gradient_with_an_out_of_range_id():
+    """jax's scatter-max gradient scatter-adds one update per id; an id out of range (5 of
+    4 rows) is dropped by the global scatter, and must not be clamped onto the last row of
+    a device's vocabulary tile (it added a 0/0 there: NaN)."""
+    def fn(arg0, arg1):
+        return jnp.abs(jnp.abs(arg0).at[arg1].max(arg0))
+
+    args = [np.array([0.27, -0.46, -0.91, -0.96], np.float32), np.array([0, 0, 0, 5], np.int32)]
+    for mesh, schedule in (({"a": 4, "b": 2}, [mp("a", {"arg0": 0})]),
+                           (WIDE, [mp("a", {"arg0": 0}), mp("b", {"arg0": 0})])):
+        assert_matches_jit(fn, args, mesh, schedule)

@@ -1032,14 +1032,16 @@ class _Lowering:
         for r, x, lay in zip(op.results, new.results, layouts):
             self.local[r] = (x, lay)
 
-    def _local_ids(self, op: Op, table: Value, ids: Value, k: int, axes) -> Value:
+    def _local_ids(self, op: Op, table: Value, ids: Value, k: int, axes,
+                   clamp: bool = True) -> Value:
         """Ids shifted into this device's tile of the vocabulary (clamped first as the global
-        gather clamps); ids outside the tile stay out of its range [0, tile)."""
+        gather clamps; a scatter drops an id out of range instead, `clamp=False`, so it stays
+        out of every tile); ids outside the tile stay out of its range [0, tile)."""
         em = self.em
         vocab = op.operands[0].type.shape[k]
         t = ids.type
-        clamped = em.emit("stablehlo.clamp", [em.splat(0, t), ids, em.splat(vocab - 1, t)],
-                          [t]).results[0]
+        clamped = ids if not clamp else em.emit(
+            "stablehlo.clamp", [em.splat(0, t), ids, em.splat(vocab - 1, t)], [t]).results[0]
         start = em.per_device(em.tile_starts(vocab, axes))
         start = em.emit("stablehlo.convert", [start], [TensorType((), t.element)]).results[0]
         return em.emit("stablehlo.subtract", [clamped, em.broadcast(start, t)], [t]).results[0]
@@ -1072,7 +1074,7 @@ class _Lowering:
         local_ids, local_updates = local
         zeros = self.em.splat(0, produced.local_type(result.type, self.mesh))
         rows = zeros.type.shape[k]
-        shifted = self._local_ids(op, zeros, local_ids, k, axes)
+        shifted = self._local_ids(op, zeros, local_ids, k, axes, clamp=False)
         local_updates = self._zero_foreign_rows(local_updates, shifted, result.type.shape[k],
                                                 axes, update_window_dims(op))
         t = shifted.type
