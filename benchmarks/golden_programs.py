@@ -11,9 +11,10 @@ through the public API only (`partir.jit(fn, mesh, schedule)`, `step.lower(*abst
 `meta.to_json()`), so it runs unchanged on both sides of a refactor that moves the internals,
 and writes per case the device-local program text (`<case>.mlir`) and the report JSON with its
 collective records (`<case>.json`, measured durations removed). Nothing is compiled or run: the
-arguments are `jax.ShapeDtypeStruct`s. `--compare` prints the first differing line of each case
-that differs and exits 1 if any does (a snapshot of some `--groups` is compared with the
-files of a full one it covers). About 3 minutes on 2 cores.
+arguments are `jax.ShapeDtypeStruct`s; the checkout's path in source locations is written
+`<repo>`, so two checkouts (git worktrees) compare. `--compare` prints the first differing
+line of each case that differs and exits 1 if any does (a snapshot of some `--groups` is
+compared with the files of a full one it covers). About 3 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sys  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import harness  # noqa: E402,F401  (repository root on sys.path)
+import harness  # noqa: E402  (repository root on sys.path)
 
 # Report fields that are measurements of this run, not results of partitioning.
 VOLATILE = {"seconds", "elapsed_s", "search_seconds", "wall_s", "time_s"}
@@ -112,6 +113,12 @@ def _file_name(case: str) -> str:
     return "".join(c if c.isalnum() or c in "-_+" else "_" for c in case)
 
 
+def _portable(text: str) -> str:
+    """`text` with this checkout's path (in source locations) written as `<repo>`, so
+    snapshots taken in two checkouts compare."""
+    return text.replace(f"{harness.ROOT}/", "<repo>/")
+
+
 def snapshot(out: Path, groups: list[str]) -> None:
     import jax
 
@@ -125,9 +132,9 @@ def snapshot(out: Path, groups: list[str]) -> None:
             step, meta = partir.jit(fn, mesh, schedule, hardware=hardware, **options)
             text = step.lower(*abstract).as_text()
             name = _file_name(case)
-            (out / f"{name}.mlir").write_text(text)
-            (out / f"{name}.json").write_text(
-                json.dumps(_stable(meta.to_json()), indent=1, sort_keys=True, default=str))
+            (out / f"{name}.mlir").write_text(_portable(text))
+            (out / f"{name}.json").write_text(_portable(
+                json.dumps(_stable(meta.to_json()), indent=1, sort_keys=True, default=str)))
             print(f"{case}: {len(text.splitlines())} lines", flush=True)
 
 
