@@ -10,8 +10,8 @@ Per model, on the mesh {batch: 4, model: 2} with the simulator's estimates on `a
 - the manual schedules (presets BP, MP with the model's Megatron rule, Z2, Z3, and EMB for the
   transformers); "best manual" is the one with the lowest simulated runtime among those whose
   simulated peak memory fits the device (ties: lower memory; when none fits, among all);
-- for every installed searcher S (`partir_plugin.kernel.searchers()`, enumerated at run time):
-  `[AutomaticPartition(["batch", "model"], searcher=S, seconds=...)]`, compared with the best
+- for every installed searcher S (`partir_plugin.plugin.manager.searchers()`, enumerated at run
+  time): `[AutomaticPartition(["batch", "model"], searcher=S, seconds=...)]`, compared with the best
   manual schedule, and `[BP, AutomaticPartition(["model"], searcher=S, seconds=...)]`,
   compared with BP+MP; options `{"seed": 0, "progress": False, "hardware": "a100-40gb"}`.
 
@@ -467,7 +467,7 @@ def section(rows: list[Row], models: list[Model], searchers: list[str], args,
 
 
 def _memory_bytes(hardware: str) -> int:
-    from partir_plugin.simulation import resolve_hardware
+    from partir_plugin.plugin.resolve import resolve_hardware
 
     return resolve_hardware(hardware).memory_bytes
 
@@ -496,7 +496,7 @@ def run(argv: list[str] | None = None) -> tuple[list[Row], str]:
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
 
-    from partir_plugin.kernel import searchers as installed
+    from partir_plugin.plugin.manager import searchers as installed
 
     available = sorted(installed())
     searchers = args.searchers or available

@@ -158,7 +158,7 @@ def fmt(counts: dict[str, int]) -> str:
 
 
 def section(rows: list[Row], hardware: str) -> str:
-    from partir_plugin.metadata import fmt_bytes, fmt_time  # the report's own formats
+    from partir_plugin.report.text import fmt_bytes, fmt_time  # the report's own formats
 
     def mesh(s: Setup) -> str:
         return "{" + ", ".join(f"{a}: {n}" for a, n in s.mesh) + "}"

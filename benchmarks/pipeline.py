@@ -148,7 +148,7 @@ def estimate(hardware: str) -> list[tuple]:
 
 def section(rows: dict[str, Row], estimates: list[tuple], hardware: str, reps: int,
             steps: int, total_s: float) -> str:
-    from partir_plugin.metadata import fmt_bytes, fmt_time
+    from partir_plugin.report.text import fmt_bytes, fmt_time
 
     base = rows["[BP]"]
     lines = [HEADING, "",
@@ -292,7 +292,7 @@ def measure_recipe(rows: dict[str, Row], reps: int, steps: int) -> float:
 
 def recipe_section(rows: dict[str, Row], worst: float, reps: int, steps: int,
                    total_s: float) -> str:
-    from partir_plugin.metadata import fmt_bytes, fmt_time
+    from partir_plugin.report.text import fmt_bytes, fmt_time
 
     base = rows["recipe [BP]"]
     lines = [RECIPE_HEADING, "",

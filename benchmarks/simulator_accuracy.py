@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from partir_plugin.simulation import resolve_hardware
+    from partir_plugin.plugin.resolve import resolve_hardware
 
     if len(jax.devices()) < 8:
         print(

@@ -18,14 +18,14 @@ _EXPORTS = {
     "ManualPartition": "tactics", "AutomaticPartition": "tactics", "tactic": "tactics",
     "REPLICATED": "tactics", "FIRST_DIVISIBLE_DIM": "tactics", "UNKNOWN": "tactics",
     "Regather": "tactics",
-    "Metadata": "metadata", "TacticReport": "metadata",
+    "Metadata": "report.metadata", "TacticReport": "report.tactic_report",
     "PartitionError": "errors", "InputMismatchError": "errors",
     "UnevenOutputWarning": "errors",
     "PartitionWarning": "tactics", "Budget": "search", "SearchResult": "search",
     "Decision": "search", "DecisionKind": "search", "FrozenPartition": "search",
-    "hookimpl": "hookspecs",
-    "CollectiveRecord": "records", "SourceLocation": "records", "Phase": "records",
-    "Reason": "records",
+    "hookimpl": "plugin.hookspecs",
+    "CollectiveRecord": "report.records", "SourceLocation": "report.records",
+    "Phase": "report.records", "Reason": "report.records",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,11 +11,11 @@ from .core.padding import PaddingPolicy, UnevenOutputs
 from .core.resolution import ConflictPolicy
 from .errors import InputMismatchError
 from .ir.graph import gc_paused
-from .metadata import Metadata
 from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
+from .plugin.resolve import resolve_hardware_option
+from .report.metadata import Metadata
 from .runtime.compile_overlap import while_xla_compiles
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
-from .simulation import resolve_hardware_option
 
 
 def _shapes_and_dtypes(key: tuple) -> tuple:

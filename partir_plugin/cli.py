@@ -39,16 +39,16 @@ def _run_reshard_plan(args: argparse.Namespace) -> int:
 
 def _run_plugins(args: argparse.Namespace) -> int:
     """List loaded plugins and what they contribute."""
-    from . import kernel
+    from .plugin import manager
 
-    for name, module in kernel.loaded_plugins():
+    for name, module in manager.loaded_plugins():
         print(f"{name:24s} {module}")
-    print("tactics:    ", ", ".join(sorted(kernel.tactic_factories())) or "-")
-    print("hardware:   ", ", ".join(sorted(kernel.hardware_specs())) or "-",
-          f"(default: {kernel.default_hardware_name() or '-'})")
-    print("simulators: ", ", ".join(sorted(kernel.simulators())) or "-",
-          f"(default: {kernel.default_simulator_name() or '-'})")
-    print("searchers:  ", ", ".join(sorted(kernel.searchers())) or "-")
+    print("tactics:    ", ", ".join(sorted(manager.tactic_factories())) or "-")
+    print("hardware:   ", ", ".join(sorted(manager.hardware_specs())) or "-",
+          f"(default: {manager.default_hardware_name() or '-'})")
+    print("simulators: ", ", ".join(sorted(manager.simulators())) or "-",
+          f"(default: {manager.default_simulator_name() or '-'})")
+    print("searchers:  ", ", ".join(sorted(manager.searchers())) or "-")
     return 0
 
 
@@ -73,12 +73,12 @@ def add_kernel_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import kernel
+    from .plugin import manager
 
     parser = argparse.ArgumentParser(prog="partir", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_kernel_commands(sub)
-    kernel.add_cli_commands(sub)
+    manager.add_cli_commands(sub)
     return parser
 
 

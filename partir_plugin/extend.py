@@ -38,29 +38,27 @@ from .core.shardy_rules import entries_from_shardy, splat_value
 from .core.state import PartitionState
 from .core.tmr import OWN_REDUCER, Sum, TileMappingRegistry, TMREntry
 from .core.windows import padded_scatter_entries
-from .errors import PartitionError, PluginError, UnknownNameError
-from .hookspecs import Override, hookimpl, override
-from .ir.graph import Block, Func, Op, Region, Value
-from .ir.padded_scatter import PADDED_SCATTER_OP
-from .ir.types import TensorType
-from .pipelining import PipelineParallel
-from .records import CollectiveRecord, Reason, SourceLocation
-from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
-from .simulation import (
+from .cost import (
     CollectiveCost,
     HardwareSpec,
     LinkClass,
     SimulationResult,
     Simulator,
     TimelineEvent,
-    resolve_hardware,
-    resolve_simulator,
-    simulate,
 )
+from .errors import PartitionError, PluginError, UnknownNameError
+from .ir.graph import Block, Func, Op, Region, Value
+from .ir.padded_scatter import PADDED_SCATTER_OP
+from .ir.types import TensorType
+from .pipelining import PipelineParallel
+from .plugin.hookspecs import Override, hookimpl, override
+from .plugin.resolve import resolve_hardware, resolve_simulator, simulate
+from .report.records import CollectiveRecord, Reason, SourceLocation
+from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
-from .tmr_verifier import (
+from .verify.tmr import (
     EntryVerdict,
     VerificationReport,
     verify_entry,

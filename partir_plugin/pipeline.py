@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .collective_names import collective_names
 from .core.actions import Leaf, TacticContext
 from .core.mesh import Mesh
 from .core.padding import PaddingPolicy, UnevenOutputs
@@ -21,12 +20,13 @@ from .core.propagation import propagate
 from .core.resolution import ConflictPolicy
 from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry
+from .cost import HardwareSpec, SimulationResult
 from .errors import PartitionError, UnevenOutputWarning, UnknownNameError
 from .ir.graph import Func, gc_paused, walk
 from .ir.importer import import_lowered
-from .metadata import TacticReport
-from .records import ProgramIndex, attribute_tactics, collective_sites
-from .simulation import HardwareSpec, SimulationResult
+from .report.collective_names import collective_names
+from .report.records import ProgramIndex, attribute_tactics, collective_sites
+from .report.tactic_report import TacticReport
 from .spmd.collectives import sliced_all_reduces
 from .spmd.halo import halo_warnings_quiet
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
@@ -226,8 +226,8 @@ def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: di
     hardware plugins name), or None when no simulator, or no default spec, is installed.
     `memo` carries the simulator's per-op work from one tactic's program to the next;
     `timeline` asks for every kernel's start (a simulator without that option does without)."""
-    from .kernel import default_simulator_name
-    from .simulation import resolve_hardware, simulate
+    from .plugin.manager import default_simulator_name
+    from .plugin.resolve import resolve_hardware, simulate
 
     if default_simulator_name() is None:
         return None
@@ -292,7 +292,7 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule, *, hard
     `hardware` name fails here, not then. `scatter_sums`: `PartitionState.scatter_sums`.
     `padding`, `uneven_outputs`: `partir.jit`'s options of those names; `out_names` name the
     outputs in their messages."""
-    from .simulation import resolve_hardware_option
+    from .plugin.resolve import resolve_hardware_option
 
     hardware = resolve_hardware_option(hardware)
     policy = ConflictPolicy.of(conflicts)
@@ -339,7 +339,7 @@ class _Boundary:
 
 def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names, policy,
                     scatter_sums, boundary: _Boundary) -> Partitioned:
-    from .kernel import default_registry
+    from .plugin.manager import default_registry
 
     state = PartitionState(func, mesh, registry or default_registry(),
                            resolve_conflicts=policy is ConflictPolicy.REDISTRIBUTE,

@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PartitionError
-from .kernel import default_hardware_name
-from .metadata import BASELINE, GroupBy, Metadata, TacticReport
+from .plugin.manager import default_hardware_name
+from .report.metadata import Metadata
+from .report.tactic_report import BASELINE, TacticReport
+from .report.text import GroupBy
 
 
 class ReportInputError(ValueError):
@@ -126,7 +128,7 @@ def _selector(value: Any, where: str) -> Any:
 
 def _preset(i: int, name: str, kwargs: dict) -> Any:
     """A preset tactic named in a JSON schedule (`"BP"`, `{"preset": "MP", ...}`)."""
-    from .kernel import tactic_factories
+    from .plugin.manager import tactic_factories
     from .tactics import tactic
 
     presets = tactic_factories()
@@ -304,7 +306,7 @@ def _resolve_hardware(name: str | None):
     """The spec for `--hardware` (None: the plugins' default; still None when no hardware
     plugin is installed, and the report has no estimates)."""
     from .errors import UnknownNameError
-    from .simulation import resolve_hardware_option
+    from .plugin.resolve import resolve_hardware_option
 
     try:
         return resolve_hardware_option(name)

@@ -226,7 +226,7 @@ class AutomaticPartition:
             self.budget = Budget.parse(self.budget)  # checked now, not when the schedule runs
 
     def apply(self, ctx: TacticContext) -> None:
-        from .kernel import default_searcher_name, searchers
+        from .plugin.manager import default_searcher_name, searchers
 
         available = searchers()
         name = self.searcher if self.searcher is not None else default_searcher_name()
@@ -252,7 +252,7 @@ def tactic(preset: str, /, *args: Any, **kwargs: Any) -> Any:
     label) go to the preset's factory, and a wrong one is reported against its signature."""
     import inspect
 
-    from .kernel import tactic_factories
+    from .plugin.manager import tactic_factories
 
     factories = tactic_factories()
     if preset not in factories:

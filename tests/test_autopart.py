@@ -19,8 +19,8 @@ from partir_plugin.core.mesh import Mesh
 from partir_plugin.core.propagation import propagate
 from partir_plugin.core.state import PartitionState
 from partir_plugin.examples import mlp
-from partir_plugin.kernel import default_registry
 from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.plugin.manager import default_registry
 from partir_plugin.search import Budget
 
 OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}

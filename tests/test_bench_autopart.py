@@ -12,7 +12,7 @@ def autopart_bench():
 
 
 def test_tiny_model_end_to_end(autopart_bench, tmp_path):
-    from partir_plugin.kernel import searchers
+    from partir_plugin.plugin.manager import searchers
 
     out = tmp_path / "BENCHMARKS.md"
     rows, text = autopart_bench.run(["--models", "mlp-tiny", "--measure", "mlp-tiny",

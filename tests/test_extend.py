@@ -14,8 +14,9 @@ import pytest
 from partir_hardware import A100_40GB
 
 import partir_plugin as partir
-from partir_plugin import extend, kernel
+from partir_plugin import extend
 from partir_plugin.errors import PluginError, UnknownNameError
+from partir_plugin.plugin import manager
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_PACKAGES = {"partir_tactics", "partir_autopart", "partir_simulators", "partir_hardware",
@@ -23,7 +24,7 @@ BUILTIN_PACKAGES = {"partir_tactics", "partir_autopart", "partir_simulators", "p
 
 
 def test_builtins_are_top_level_packages_loaded_by_entry_point():
-    names = dict(kernel.loaded_plugins())
+    names = dict(manager.loaded_plugins())
     assert set(names.values()) >= BUILTIN_PACKAGES
     for module in BUILTIN_PACKAGES:
         path = Path(__import__(module).__file__).resolve()
@@ -64,10 +65,10 @@ def test_kernel_names_no_builtin_plugin():
 
 
 def test_defaults_come_from_hooks():
-    assert kernel.default_hardware_name() == "host-cpu"
-    assert kernel.default_simulator_name() == "analytical"
+    assert manager.default_hardware_name() == "host-cpu"
+    assert manager.default_simulator_name() == "analytical"
     assert extend.resolve_hardware(None).name == "host-cpu"
-    assert extend.resolve_simulator(None) is kernel.simulators()["analytical"]
+    assert extend.resolve_simulator(None) is manager.simulators()["analytical"]
 
 
 class _Duplicate:
@@ -99,31 +100,31 @@ class _AliasClash:
 
 
 def _with(monkeypatch, name, plugin):
-    pm = kernel.build_plugin_manager([(name, plugin)])
-    monkeypatch.setattr(kernel, "plugin_manager", lambda: pm)
+    pm = manager.build_plugin_manager([(name, plugin)])
+    monkeypatch.setattr(manager, "plugin_manager", lambda: pm)
 
 
 def test_duplicate_names_are_an_error_naming_both_plugins(monkeypatch):
     _with(monkeypatch, "dup", _Duplicate())
     with pytest.raises(PluginError, match=r"'BP'.*'builtin_tactics'.*'dup'.*override"):
-        kernel.tactic_factories()
+        manager.tactic_factories()
 
 
 def test_override_replaces_on_purpose(monkeypatch):
     _with(monkeypatch, "mine", _Override())
-    assert kernel.tactic_factories()["BP"]() == "mine"
-    assert kernel.find_hardware("A100-40GB").notes == "measured"
+    assert manager.tactic_factories()["BP"]() == "mine"
+    assert manager.find_hardware("A100-40GB").notes == "measured"
 
 
 def test_alias_clash_is_an_error(monkeypatch):
     _with(monkeypatch, "clash", _AliasClash())
     with pytest.raises(PluginError, match=r"'A100'.*'a100-40gb'.*'my-gpu'.*'clash'"):
-        kernel.find_hardware("a100")
+        manager.find_hardware("a100")
 
 
 def test_misspelled_hook_is_an_error():
     with pytest.raises(PluginError, match=r"'typo'.*partir_add_tactic"):
-        kernel.build_plugin_manager([("typo", _Misspelled())])
+        manager.build_plugin_manager([("typo", _Misspelled())])
 
 
 def test_plugins_add_cli_commands():
@@ -139,9 +140,9 @@ def test_plugins_add_cli_commands():
 
 def test_unknown_names_are_both_key_and_partition_errors():
     with pytest.raises(KeyError):
-        kernel.find_hardware("tpu-v9")
+        manager.find_hardware("tpu-v9")
     with pytest.raises(partir.PartitionError, match="tpu-v9.*a100"):
-        kernel.find_hardware("tpu-v9")
+        manager.find_hardware("tpu-v9")
     assert issubclass(UnknownNameError, KeyError)
 
 

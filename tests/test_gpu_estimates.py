@@ -15,7 +15,7 @@ import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.models import transformer
 from partir_plugin.pipeline import apply_schedule, trace
-from partir_plugin.simulation import resolve_hardware, simulate
+from partir_plugin.plugin.resolve import resolve_hardware, simulate
 
 DATA = json.loads((Path(__file__).parent / "data" / "h100_transformer_step_times.json")
                   .read_text())

@@ -19,7 +19,7 @@ from partir_plugin.core.windows import Halo, HaloEntry
 from partir_plugin.extend import PADDED_SCATTER_OP, verify_entry, verify_registry
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
-from partir_plugin.kernel import default_registry
+from partir_plugin.plugin.manager import default_registry
 from partir_plugin.spmd.halo import HaloWarning
 
 MESH = {"m": 8}

@@ -11,14 +11,14 @@ import pytest
 from partir_hardware import calibrate
 from partir_hardware.host import CALIBRATION_ENV, load_host_spec
 
-from partir_plugin import kernel
-from partir_plugin.simulation import HardwareSpec, LinkClass
+from partir_plugin.cost import HardwareSpec, LinkClass
+from partir_plugin.plugin import manager
 
 BUILTIN = {"tpu-v3", "a100-40gb", "h100-sxm", "h200-sxm", "host-cpu"}
 
 
 def test_plugin_lookup_finds_every_builtin_spec():
-    specs = kernel.hardware_specs()
+    specs = manager.hardware_specs()
     assert BUILTIN <= set(specs)
     a100 = specs["a100-40gb"]
     assert a100.matrix_flops_for("f32") == 156e12 and a100.matrix_flops_for("bf16") == 312e12
@@ -31,7 +31,7 @@ def test_plugin_lookup_finds_every_builtin_spec():
 
 
 def test_spec_links_per_axis_and_validation():
-    a100 = kernel.hardware_specs()["a100-40gb"].with_axis_links({"hosts": "network"})
+    a100 = manager.hardware_specs()["a100-40gb"].with_axis_links({"hosts": "network"})
     assert a100.link_for_axes(["model"]).name == "nvlink"
     assert a100.link_for_axes(["hosts", "model"]).name == "network"
     assert a100.matrix_flops_for("f8E4M3FN") == 156e12  # unknown type: the f32 figure
@@ -44,7 +44,7 @@ def test_spec_links_per_axis_and_validation():
 
 def test_host_spec_defaults_without_calibration(tmp_path, monkeypatch):
     monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "missing.json"))
-    spec = kernel.hardware_specs()["host-cpu"]
+    spec = manager.hardware_specs()["host-cpu"]
     assert spec.name == "host-cpu" and "uncalibrated" in spec.notes
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.warns(UserWarning, match="ignoring calibration file"):
@@ -64,7 +64,7 @@ def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
     assert data["flops_per_s"]["f32"] > 0 and data["memory_bandwidth_bytes_per_s"] > 0
     assert data["links"]["host"]["bandwidth_bytes_per_s"] > 0
     monkeypatch.setenv(CALIBRATION_ENV, str(out))
-    spec = kernel.hardware_specs()["host-cpu"]
+    spec = manager.hardware_specs()["host-cpu"]
     assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])
     assert "measured" in spec.notes
 

@@ -16,7 +16,7 @@ from partir_plugin.errors import UnknownNameError
 from partir_plugin.ir.importer import make_context
 from partir_plugin.models import megatron, transformer
 from partir_plugin.pipeline import apply_schedule, trace
-from partir_plugin.simulation import simulate
+from partir_plugin.plugin.resolve import simulate
 from partir_plugin.spmd.lowering import LoweringCache, lower_to_spmd
 
 MESH = Mesh.of({"batch": 4, "model": 2})

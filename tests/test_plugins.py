@@ -1,4 +1,4 @@
-"""The plugin kernel: built-ins and a third-party plugin installed through an entry point."""
+"""The plugin manager: built-ins and a third-party plugin installed through an entry point."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def plugin_env(tmp_path_factory):
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     import partir_plugin as partir
-    from partir_plugin import kernel
-    print("tactics", sorted(kernel.tactic_factories()))
-    print("hardware", kernel.find_hardware("EXAMPLE").name)
+    from partir_plugin.plugin import manager
+    print("tactics", sorted(manager.tactic_factories()))
+    print("hardware", manager.find_hardware("EXAMPLE").name)
     f = lambda x, w: x @ w
     x, w = np.ones((16, 4), np.float32), np.ones((4, 2), np.float32)
     step, meta = partir.jit(f, {"batch": 8}, [partir.tactic("ShardX", axis="batch")])
@@ -51,7 +51,7 @@ def test_third_party_tactic_through_entry_point(plugin_env):
 
 def test_autoload_can_be_disabled(plugin_env):
     env = dict(plugin_env, PARTIR_DISABLE_PLUGIN_AUTOLOAD="1")
-    script = ("from partir_plugin import kernel; t = kernel.tactic_factories(); "
+    script = ("from partir_plugin.plugin import manager; t = manager.tactic_factories(); "
               "print(sorted(t)); assert 'ShardX' not in t and 'BP' in t")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True)

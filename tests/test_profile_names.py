@@ -13,10 +13,10 @@ import jax
 import pytest
 
 import partir_plugin as partir
-from partir_plugin.collective_names import record_ids
 from partir_plugin.ir.location_aliases import escape
 from partir_plugin.ir.locations import is_library_file
 from partir_plugin.models import megatron, moe, transformer
+from partir_plugin.report.collective_names import record_ids
 
 # Instructions no profile attributes to a line: XLA's plumbing and the splats it makes of
 # constants (neither jax.jit's nor ours carry metadata).

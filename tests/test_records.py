@@ -24,9 +24,9 @@ import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.ir.locations import NO_LOCATIONS_HINT, Phase
 from partir_plugin.pipeline import apply_schedule, key_path_str, trace
-from partir_plugin.records import SCHEMA, Reason
+from partir_plugin.plugin.resolve import simulate
+from partir_plugin.report.records import SCHEMA, Reason
 from partir_plugin.report_cli import report_for_function, report_for_stablehlo
-from partir_plugin.simulation import simulate
 from partir_plugin.spmd.collectives import Collective
 
 MODEL = Path(__file__).parent / "data" / "diag_model.py"
@@ -339,7 +339,7 @@ def test_cli_writes_detail_trace_and_html(tmp_path):
 def test_locations_are_parsed_only_when_records_are_read(monkeypatch):
     """Partitioning and the report's rows keep location objects; parsing them (the costly
     part) waits for the first read of `records`, so partitioning time does not move."""
-    import partir_plugin.records as records
+    import partir_plugin.report.records as records
 
     parsed = []
     parse = records.parse_location

@@ -13,8 +13,9 @@ import partir_plugin as partir
 from partir_plugin.cli import main as partir_main
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.examples import mlp
-from partir_plugin.metadata import Metadata, TacticReport
 from partir_plugin.pipeline import apply_schedule, estimate, trace
+from partir_plugin.report.metadata import Metadata
+from partir_plugin.report.tactic_report import TacticReport
 from partir_plugin.report_cli import BASELINE, report_for_function, schedule_from_json
 
 CHAIN_SCHEDULE = [{"name": "BP", "axis": "B", "inputs": {"x": 0}},

@@ -1,4 +1,4 @@
-"""Cost formulas of the analytical simulator and its lookup through the plugin kernel."""
+"""Cost formulas of the analytical simulator and its lookup through the plugin manager."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pytest
 from partir_simulators.analytical import trip_count
 from partir_simulators.comm import ring_time
 
-from partir_plugin import kernel
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.cost import HardwareSpec, LinkClass
 from partir_plugin.ir.graph import Block, Func, Op
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.ir.types import TensorType
-from partir_plugin.simulation import HardwareSpec, LinkClass, simulate
+from partir_plugin.plugin import manager
+from partir_plugin.plugin.resolve import simulate
 from partir_plugin.spmd.collectives import mark
 
 FAST = LinkClass("fast", 100e9, 2e-6)
@@ -259,7 +260,7 @@ def test_while_loops_count_their_body_times_the_trip_count():
 
 
 def test_simulate_resolves_plugins_by_name_and_explains_unknown_names():
-    assert "analytical" in kernel.simulators()
+    assert "analytical" in manager.simulators()
     res = simulate(one_collective("all_reduce", ["B"], (16,), (16,)), {"B": 4}, "a100-40gb")
     assert res.hardware == "a100-40gb" and res.simulator == "analytical"
     assert res.per_collective[0].link == "nvlink"

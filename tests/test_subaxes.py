@@ -110,7 +110,7 @@ def test_a_value_is_never_tiled_on_an_axis_and_its_part():
 
     from partir_plugin.core.state import PartitionState
     from partir_plugin.ir.importer import import_lowered
-    from partir_plugin.kernel import default_registry
+    from partir_plugin.plugin.manager import default_registry
 
     func = import_lowered(jax.jit(f).lower(jax.ShapeDtypeStruct((16,), jnp.float32)))
     state = PartitionState(func, Mesh.of({"model": 8}), default_registry())
@@ -297,7 +297,7 @@ def test_planner_moves_sub_axes():
 
 
 def test_a_sub_axis_collective_runs_on_its_parents_link():
-    from partir_plugin.simulation import resolve_hardware
+    from partir_plugin.plugin.resolve import resolve_hardware
 
     spec = resolve_hardware(None)
     spec = spec.with_axis_links({"hosts": min(spec.links, key=lambda n: spec.links[

@@ -19,7 +19,7 @@ from partir_tmr_rules import CHLO_ELEMENTWISE
 import partir_plugin as partir
 from partir_plugin.core.tmr import Sum
 from partir_plugin.ir.importer import import_lowered, import_stablehlo
-from partir_plugin.kernel import default_registry
+from partir_plugin.plugin.manager import default_registry
 
 MESH = {"a": 4, "b": 2}
 F32, I32, U32, C64 = jnp.float32, jnp.int32, jnp.uint32, jnp.complex64

@@ -23,9 +23,9 @@ from partir_plugin.core.tmr import Sum, TileMappingRegistry, TMREntry
 from partir_plugin.extend import verify_entry, verify_registry, verify_rule
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
-from partir_plugin.kernel import default_registry
 from partir_plugin.models import gns, inference_transformer, mlp, moe, transformer, unet
-from partir_plugin.tmr_verifier import Split, splits_of, verify_op, verify_split
+from partir_plugin.plugin.manager import default_registry
+from partir_plugin.verify.tmr import Split, splits_of, verify_op, verify_split
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,10 @@ import html
 import linecache
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .records import CollectiveRecord
-
-if TYPE_CHECKING:
-    from .metadata import Metadata
+from .tactic_report import TacticReport
+from .text import fmt_bytes, fmt_time, tactic_table
 
 TOP = 25  # collectives shown with their source
 CONTEXT = 2  # source lines shown before and after a collective's line
@@ -44,19 +42,18 @@ window.addEventListener('load', () => {
 """
 
 
-def render(meta: Metadata, top: int = TOP) -> str:
+def render(tactics: Sequence[TacticReport], *, mesh: dict[str, int] | None,
+           hardware: str | None, top: int = TOP) -> str:
     """The report as one HTML document."""
-    from .metadata import fmt_bytes, fmt_time, tactic_table
-
-    head, rows = tactic_table(meta.tactics)
-    final = meta.tactics[-1].records if meta.tactics else []
+    head, rows = tactic_table(tactics)
+    final = tactics[-1].records if tactics else []
     costly = sorted(final, key=lambda r: (-(r.total_time_s or 0.0), r.id))[:top]
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<title>partir_plugin report</title>",
         f"<style>{_STYLE}</style><script>{_MARK_RENDERED}</script></head><body>",
         "<h1>partir_plugin report</h1>",
-        f"<p>mesh {html.escape(str(meta.mesh))}, hardware {html.escape(str(meta.hardware))}"
+        f"<p>mesh {html.escape(str(mesh))}, hardware {html.escape(str(hardware))}"
         " (estimates are simulated)</p>",
         "<h2>Per tactic</h2>",
         "<p class='muted'>Collectives of the whole program after each tactic, with the "
@@ -76,10 +73,10 @@ def render(meta: Metadata, top: int = TOP) -> str:
     return "\n".join(parts)
 
 
-def write_html(meta: Metadata, path) -> Path:
+def write_html(tactics: Sequence[TacticReport], path, **facts) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(meta))
+    path.write_text(render(tactics, **facts))
     return path
 
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..cost import TimelineEvent, expand_timeline
 from .records import SCHEMA, CollectiveRecord
-from .simulation import TimelineEvent, expand_timeline
-
-if TYPE_CHECKING:
-    from .metadata import TacticReport
+from .tactic_report import TacticReport
 
 TRACE_SCHEMA = "partir.trace/v1"
 COMPUTE_TID, COLLECTIVE_TID = 1, 2

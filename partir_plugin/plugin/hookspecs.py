@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import pluggy
 
 if TYPE_CHECKING:
-    from .core.tmr import TileMappingRegistry
-    from .simulation import HardwareSpec, Simulator
+    from ..core.tmr import TileMappingRegistry
+    from ..cost import HardwareSpec, Simulator
 
 hookspec = pluggy.HookspecMarker("partir_plugin")
 hookimpl = pluggy.HookimplMarker("partir_plugin")

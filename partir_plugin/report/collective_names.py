@@ -23,11 +23,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .core.state import PartitionState
-from .ir.graph import Op, walk
-from .ir.locations import location_name
+from ..core.state import PartitionState
+from ..ir.graph import Op, walk
+from ..ir.locations import location_name
+from ..spmd.lowering import SpmdProgram
 from .records import ProgramIndex, TacticRule, collective_sites
-from .spmd.lowering import SpmdProgram
 
 _ID = re.compile(r"#(c[0-9a-f]{12})\b")
 

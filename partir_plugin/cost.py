@@ -1,21 +1,21 @@
-"""Kernel-level simulation types and the `simulate` entry point.
+"""The cost model's vocabulary: hardware specs, collective costs, timelines, simulation
+results and the `Simulator` protocol.
 
 Hardware specs and simulators are plugins (`partir_add_hardware`, `partir_add_simulators`); this
-module only defines the data they exchange and resolves names through the plugin manager, so
-reports, searchers and third-party simulators share one vocabulary without importing each other.
+module only defines the data they exchange, so reports, searchers and third-party simulators
+share one vocabulary without importing each other. Finding them by name goes through the plugin
+manager (`plugin/resolve.py`), which this module does not import.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .core.mesh import Mesh
 from .core.subaxis import parent_of
-from .errors import UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -257,81 +257,3 @@ class Simulator(Protocol):
 
     def __call__(self, func: Any, mesh: Mesh, hardware: HardwareSpec,
                  **options: Any) -> SimulationResult: ...
-
-
-def resolve_hardware(hardware: str | HardwareSpec | None) -> HardwareSpec:
-    """A spec object as is; a name or alias (any case) as a hardware plugin registered it;
-    None as the `partir_default_hardware` hook chooses. Unknown names raise
-    `UnknownNameError` listing the known ones."""
-    if hardware is not None and not isinstance(hardware, str):
-        return hardware
-    from . import kernel
-
-    if hardware is None:
-        hardware = kernel.default_hardware_name()
-        if hardware is None:
-            raise UnknownNameError("no hardware given and no plugin offers a default "
-                                   "(`partir_default_hardware`)")
-    return kernel.find_hardware(hardware)
-
-
-def resolve_hardware_option(hardware: str | HardwareSpec | None) -> HardwareSpec | None:
-    """What `partir.jit(hardware=...)` keeps: the spec, resolved once; None only when no
-    hardware plugin offers a default (then reports have no estimates)."""
-    if hardware is None:
-        from . import kernel
-
-        if kernel.default_hardware_name() is None:
-            return None
-    return resolve_hardware(hardware)
-
-
-def resolve_simulator(simulator: str | Simulator | None = None) -> Simulator:
-    """A simulator callable as is, the one registered under that name, or (None) the one the
-    `partir_default_simulator` hook names."""
-    if callable(simulator):
-        return simulator
-    from . import kernel
-
-    registry = kernel.simulators()
-    if simulator is None:
-        simulator = kernel.default_simulator_name()
-        if simulator is None:
-            raise UnknownNameError(f"no simulator given and no plugin offers a default "
-                                   f"(`partir_default_simulator`); available: "
-                                   f"{sorted(registry)}")
-    if simulator not in registry:
-        raise UnknownNameError(f"unknown simulator {simulator!r}; available: "
-                               f"{sorted(registry)} (add more with a `partir_add_simulators` "
-                               f"plugin)")
-    return registry[simulator]
-
-
-_OPTIONAL = ("memo", "timeline")  # options a simulator may ignore
-
-
-def simulate(func, mesh, hardware: str | HardwareSpec | None, *, overlap: bool = False,
-             simulator: str | Simulator | None = None, **options) -> SimulationResult:
-    """Estimate runtime, flops and peak memory of the device-local `func` on one device.
-
-    `mesh` is a `Mesh`, a dict of axis sizes or a `jax.sharding.Mesh`; `hardware` and
-    `simulator` are names registered by plugins or objects (None: the plugins' defaults).
-    `overlap` lets communication run alongside independent compute; extra `options` (e.g.
-    `donated_args`) go to the simulator. `memo`, a dict the caller keeps across simulations
-    of programs that share ops, is a cache, and `timeline=True` asks for
-    `SimulationResult.timeline`: a simulator without those parameters does without.
-    """
-    spec = resolve_hardware(hardware)
-    sim = resolve_simulator(simulator)
-    params = inspect.signature(sim).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = dict(options)
-    for optional in _OPTIONAL:
-        if optional not in params and not takes_any:
-            kwargs.pop(optional, None)
-    if overlap or "overlap" in params or takes_any:
-        kwargs["overlap"] = overlap
-    unknown = [k for k in kwargs if k not in params and not takes_any]
-    if unknown:
-        raise TypeError(f"simulator {simulator!r} does not accept {unknown}")
-    return sim(func, Mesh.of(mesh), spec, **kwargs)

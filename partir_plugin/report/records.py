@@ -17,14 +17,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .core.state import PartitionState
-from .ir.graph import Op, Value, walk
-from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
-from .simulation import CollectiveCost, SimulationResult
-from .spmd.collectives import Collective, collective_axes, collective_kind
-from .spmd.layout import Layout
-from .spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
-from .spmd.provenance import Conversion, Movement
+from ..core.state import PartitionState
+from ..cost import CollectiveCost, SimulationResult
+from ..ir.graph import Op, Value, walk
+from ..ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
+from ..spmd.collectives import Collective, collective_axes, collective_kind
+from ..spmd.layout import Layout
+from ..spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
+from ..spmd.provenance import Conversion, Movement
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
 

@@ -31,19 +31,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.mesh import Mesh
-from .core.propagation import propagate
-from .core.scan import ScanEntry
-from .core.splitting import compound_dims
-from .core.state import PartitionState
-from .core.subaxis import SubAxis
-from .core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
-from .core.windows import HaloEntry
-from .ir.graph import Block, Func, Op, Value, clone_region, walk
-from .ir.types import TensorType, numpy_dtype_of
-from .spmd.collectives import count_collectives
-from .spmd.layout import Layout
-from .spmd.lowering import lower_to_spmd
+from ..core.mesh import Mesh
+from ..core.propagation import propagate
+from ..core.scan import ScanEntry
+from ..core.splitting import compound_dims
+from ..core.state import PartitionState
+from ..core.subaxis import SubAxis
+from ..core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
+from ..core.windows import HaloEntry
+from ..ir.graph import Block, Func, Op, Value, clone_region, walk
+from ..ir.types import TensorType, numpy_dtype_of
+from ..spmd.collectives import count_collectives
+from ..spmd.layout import Layout
+from ..spmd.lowering import lower_to_spmd
 
 _RULE = re.compile(r"#sdy\.op_sharding_rule<(\(.*?\)->\(.*?\))")
 # Reductions of partial results, as numpy folds over the tiles' partials.
@@ -256,7 +256,7 @@ def verify_rule(rule: Rule, fn: Callable, *args, parts: Sequence[int] = (2,)
     checked)."""
     import jax
 
-    from .ir.importer import import_lowered
+    from ..ir.importer import import_lowered
 
     func = import_lowered(jax.jit(fn).lower(*args))
     registry = TileMappingRegistry()
@@ -379,7 +379,7 @@ def _verify_side_by_side(op: Op, entry: TMREntry, parts: int, seed: int) -> Entr
     results are compared with the op run whole."""
     import jax
 
-    from .runtime.executable import DeviceLocalFunction, jax_mesh_for
+    from ..runtime.executable import DeviceLocalFunction, jax_mesh_for
 
     body, env, sources = _probe_inputs(op)
     copy = _copy_op(op, body, env)
@@ -409,8 +409,8 @@ def _compile(funcs: list[Func]) -> Callable:
     results concatenated."""
     import jax
 
-    from .ir.printer import print_func
-    from .runtime.executable import DeviceLocalFunction, jax_mesh_for
+    from ..ir.printer import print_func
+    from ..runtime.executable import DeviceLocalFunction, jax_mesh_for
 
     body = Block()
     for f in funcs:

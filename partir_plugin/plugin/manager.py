@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from ..errors import PluginError, UnknownNameError
 from . import hookspecs
-from .errors import PluginError, UnknownNameError
 
 if TYPE_CHECKING:
-    from .core.tmr import TileMappingRegistry
-    from .simulation import HardwareSpec
+    from ..core.tmr import TileMappingRegistry
+    from ..cost import HardwareSpec
 
 ENTRY_POINT_GROUP = "partir_plugin"
 BUILTIN_DISTRIBUTION = "partir-plugin"
@@ -60,8 +60,8 @@ def build_plugin_manager(extra: Sequence[tuple[str, object]] = ()) -> pluggy.Plu
         pm.check_pending()
     except pluggy.PluginValidationError as e:
         name = pm.get_name(e.plugin) or repr(e.plugin)
-        raise PluginError(f"plugin {name!r}: {e} (a misspelled hook name? the hooks are "
-                          f"those of partir_plugin.hookspecs: {sorted(_hook_names())})") from None
+        raise PluginError(f"plugin {name!r}: {e} (a misspelled hook name? the hooks are those "
+                          f"of partir_plugin.plugin.hookspecs: {sorted(_hook_names())})") from None
     return pm
 
 
@@ -103,8 +103,8 @@ def _named(kind: str, hook: str) -> dict[str, Any]:
 def default_registry() -> TileMappingRegistry:
     """A TMR registry with the Shardy-derived fallback and every plugin's rules (here, not in
     core/, so that PartIR:Core never depends on the plugin manager)."""
-    from .core.shardy_rules import entries_from_shardy
-    from .core.tmr import TileMappingRegistry
+    from ..core.shardy_rules import entries_from_shardy
+    from ..core.tmr import TileMappingRegistry
 
     registry = TileMappingRegistry(fallback=entries_from_shardy)
     plugin_manager().hook.partir_add_tmr_rules(registry=registry)
