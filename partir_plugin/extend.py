@@ -43,9 +43,7 @@ from .hookspecs import Override, hookimpl, override
 from .ir.graph import Block, Func, Op, Region, Value
 from .ir.padded_scatter import PADDED_SCATTER_OP
 from .ir.types import TensorType
-from .pipelining import PipelineParallel
 from .records import CollectiveRecord, Reason, SourceLocation
-from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .simulation import (
     CollectiveCost,
     HardwareSpec,
@@ -59,7 +57,9 @@ from .simulation import (
 )
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
-from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
+from .tactics.automatic import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
+from .tactics.manual import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
+from .tactics.pipeline_parallel import PipelineParallel
 from .tmr_verifier import (
     EntryVerdict,
     VerificationReport,

@@ -13,9 +13,9 @@ from typing import Any
 from .ir.locations import NO_LOCATIONS_HINT
 from .ir.types import format_bytes
 from .records import SCHEMA, CollectiveRecord, CollectiveSite
-from .search import SearchResult
 from .simulation import TimelineEvent
 from .spmd.collectives import COUNTED_KINDS, Collective
+from .tactics.automatic import SearchResult
 
 # The name of the report's first row when it shows the unpartitioned program.
 BASELINE = "(replicated)"

@@ -39,7 +39,7 @@ def _roll_composite(x, shift: int, axis: int):
     import jax
     import jax.numpy as jnp
 
-    from .ir.importer import ROLL_OP
+    from ..ir.importer import ROLL_OP
 
     # A composite keeps the roll one op through jax's lowering (the importer keeps it whole);
     # its decomposition is what runs where nothing partitions it.
@@ -108,7 +108,7 @@ def _make_interleave():
 
     import jax
 
-    from .ir.importer import INTERLEAVE_OP
+    from ..ir.importer import INTERLEAVE_OP
 
     def composite(x, repeats, stages, inverse):
         op = jax.lax.composite(lambda v, *, repeats, stages, inverse: interleaved_order(

@@ -1,0 +1,1 @@
+"""What a partitioning reports: its rows, their collectives, and the views of them."""
