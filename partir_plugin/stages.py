@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ._gc import gc_paused
 from .collective_names import collective_names
 from .core.mesh import Mesh
+from .core.state import PartitionState
 from .errors import InputMismatchError
 from .frontend.trace import Traced, aval_key, trace
 from .metadata import BASELINE, Metadata
@@ -34,7 +35,7 @@ class Partitioned:
     """A program partitioned by a schedule: the final state, its device-local program, and
     one report row per tactic (`TacticReports`, made when first read)."""
 
-    state: object  # core.state.PartitionState
+    state: PartitionState
     program: SpmdProgram
     reports: TacticReports
 

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from test_pp_recipes import _init_stack, _tokens_batch
+from test_pp_recipes import cli_step as stack_step
 
 import partir_plugin as partir
 from partir_plugin.cli import report as report_cli
@@ -65,23 +67,9 @@ def mlp_args():
             jax.ShapeDtypeStruct((64, 16), jnp.float32))
 
 
-def stack_step(params, batch):
-    """A scanned stack of layers (what PP pipelines), differentiated."""
-
-    def body(h, p):
-        return h + jnp.tanh(h @ p["wq"]) @ p["wo"], None
-
-    def loss(params):
-        out, _ = lax.scan(body, batch["x"], params)
-        return jnp.mean((out - batch["y"]) ** 2)
-
-    return jax.value_and_grad(loss)(params)
-
-
 def stack_args(batch: int = 16):
-    d, layers, t = 16, 4, 8
-    return ({n: jax.ShapeDtypeStruct((layers, d, d), jnp.float32) for n in ("wq", "wo")},
-            {k: jax.ShapeDtypeStruct((batch, t, d), jnp.float32) for k in ("x", "y")})
+    """`cli_step`'s arguments (a scanned stack of layers, what PP pipelines) for `batch`."""
+    return jax.eval_shape(lambda: (_init_stack(names=("wq", "wo")), _tokens_batch(b=batch)))
 
 
 def _lm(*names):

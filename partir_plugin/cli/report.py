@@ -35,6 +35,7 @@ from ..frontend.trace import ArgumentNamesError, Traced
 from ..metadata import GroupBy, Metadata
 from ..options import PartitionOptions
 from ..stages import report, report_for_function
+from ..tactics.base import as_tactic
 
 
 class ReportInputError(ValueError):
@@ -204,10 +205,12 @@ def load_schedule(args: argparse.Namespace) -> list:
             raise ReportInputError(f"--schedule: `schedule` in {path} must be a list, got "
                                    f"{type(schedule).__name__}")
         for i, t in enumerate(schedule):
-            if not (hasattr(t, "apply") or callable(t)):
+            try:
+                as_tactic(t)
+            except PartitionError:
                 raise ReportInputError(f"--schedule: entry {i} of `schedule` is not a tactic "
                                        f"(ManualPartition, AutomaticPartition or a callable): "
-                                       f"{t!r}")
+                                       f"{t!r}") from None
         return list(schedule)
     if args.schedule_json:
         text = args.schedule_json
