@@ -7,9 +7,10 @@ The schedule `[ManualPartition({"batch": 1}, axis="seq", name="CP")]` tiles dime
 sequence) of every leaf of the train step's `batch` argument (tokens and targets) on the axis
 `seq`. The transformer (`partir_plugin/models/transformer.py`) is traced abstractly
 (`jax.eval_shape`: nothing is allocated) at two sizes, `Config.small()` and T32
-(`Config.paper()`), and partitioned with `pipeline.apply_schedule(..., conflicts=policy)` for
-both conflict policies: "stop" (PartIR's strict semantics: an op whose operands carry
-incompatible tilings stays unpartitioned on the axis, its operands gathered) and
+(`Config.paper()`), and partitioned with
+`stages.partition(..., PartitionOptions(conflicts=policy))` for both conflict policies:
+"stop" (PartIR's strict semantics: an op whose operands carry incompatible tilings stays
+unpartitioned on the axis, its operands gathered) and
 "redistribute" (the default since issue 19: the op stays partitioned along the cheapest entry
 and what does not fit is moved). Per case: the collectives of the final device-local program
 (AG / AR / RS / A2A), the conflicts and resolutions the final report row lists, the simulator's
@@ -90,17 +91,18 @@ def partition(setup: Setup, policy: str, traced=None, hardware: str = HARDWARE) 
     import jax
 
     from partir_plugin.core.mesh import Mesh
+    from partir_plugin.frontend.trace import trace
     from partir_plugin.models import transformer
-    from partir_plugin.pipeline import apply_schedule, trace
+    from partir_plugin.options import PartitionOptions
+    from partir_plugin.stages import partition
 
     cfg = config(setup.model)
     if traced is None:
         args = jax.eval_shape(lambda: transformer.init(cfg, jax.random.PRNGKey(0)))
         traced = trace(transformer.make_train_step(cfg), args)
     start = time.perf_counter()
-    part = apply_schedule(traced.func, traced.leaves, Mesh.of(dict(setup.mesh)),
-                          schedule(setup), hardware=hardware, arg_names=traced.arg_names,
-                          conflicts=policy)
+    part = partition(traced, Mesh.of(dict(setup.mesh)), schedule(setup),
+                     PartitionOptions(hardware=hardware, conflicts=policy, scatter_sums=True))
     seconds = time.perf_counter() - start
     final = part.reports[-1]
     counts = {k: int(part.program.counts.get(k, 0)) for k in KINDS}
@@ -131,8 +133,8 @@ def run(models: list[str], execute: bool = True, hardware: str = HARDWARE) -> li
     steps also run against jax.jit when `execute`."""
     import jax
 
+    from partir_plugin.frontend.trace import trace
     from partir_plugin.models import transformer
-    from partir_plugin.pipeline import trace
 
     rows = []
     for model in models:
@@ -171,7 +173,7 @@ def section(rows: list[Row], hardware: str) -> str:
         "where the mesh has a batch axis. Models: `transformer.Config.small()` (L2 d16 "
         "h2x8 f32 v32 b2 s8) and T32 = `transformer.Config.paper()` (b48 s2048), train step "
         "(forward, backward, Adam), traced abstractly and partitioned with "
-        "`pipeline.apply_schedule(..., conflicts=policy)`: \"stop\" is PartIR's strict "
+        "`stages.partition(..., PartitionOptions(conflicts=policy))`: \"stop\" is PartIR's strict "
         "semantics (`partir.jit(..., conflicts=\"stop\")`), \"redistribute\" the default since "
         "issue 19. Counts are the final device-local program's collectives, each op once; "
         "conflicts and resolutions are those the final report row lists; estimates on "

@@ -24,10 +24,12 @@ import jax
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.frontend.trace import trace
 from partir_plugin.ir.graph import Op
 from partir_plugin.models import inference_transformer, megatron, moe, transformer
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.options import PartitionOptions
 from partir_plugin.spmd.collectives import COUNTED_KINDS, collective_kind
+from partir_plugin.stages import partition
 
 COMMAND = ".venv/bin/python benchmarks/paper_counts.py"
 HEADING = "## Collective counts at the paper's sizes"
@@ -129,8 +131,8 @@ def main() -> None:
         for name, schedule in schedules(model).items():
             mesh = Mesh.of(MOE_MESHES[name] if model == "MoE32" else MESH)
             start = time.perf_counter()
-            part = apply_schedule(traced.func, traced.leaves, mesh, schedule,
-                                  hardware=HARDWARE, arg_names=traced.arg_names)
+            part = partition(traced, mesh, schedule,
+                             PartitionOptions(hardware=HARDWARE, scatter_sums=True))
             seconds = time.perf_counter() - start
             start = time.perf_counter()
             final = part.reports[-1]  # the report's first read: every tactic's row is made

@@ -231,16 +231,19 @@ class Size:
 
 class _PhaseClock:
     """Times `apply_schedule` and the report's first read by wrapping names that
-    `partir_plugin.pipeline` calls: `_AfterTactic` (built once per tactic, right after its
-    propagation), `lower_to_spmd` and `estimate`."""
+    `partir_plugin.schedule` and `partir_plugin.report.rows` call: `AfterTactic` (built once
+    per tactic, right after its propagation), `lower_to_spmd` and `estimate`."""
 
-    NAMES = ("_AfterTactic", "lower_to_spmd", "estimate")
+    NAMES = (("schedule", "AfterTactic"), ("schedule", "lower_to_spmd"),
+             ("report.rows", "lower_to_spmd"), ("report.rows", "estimate"))
 
     def __init__(self):
-        import partir_plugin.pipeline as pipeline
+        import importlib
 
-        self.pipeline, self.events = pipeline, []
-        self.orig = {n: getattr(pipeline, n) for n in self.NAMES}
+        self.events = []
+        self.orig = {(m, n): (importlib.import_module(f"partir_plugin.{m}"),
+                              getattr(importlib.import_module(f"partir_plugin.{m}"), n))
+                     for m, n in self.NAMES}
 
     def __enter__(self):
         def timed(name, fn):
@@ -252,19 +255,19 @@ class _PhaseClock:
                     self.events.append((name, start, time.perf_counter()))
             return wrapper
 
-        for n, fn in self.orig.items():
-            setattr(self.pipeline, n, timed(n, fn))
+        for (_, n), (module, fn) in self.orig.items():
+            setattr(module, n, timed(n, fn))
         return self
 
     def __exit__(self, *exc):
-        for n, fn in self.orig.items():
-            setattr(self.pipeline, n, fn)
+        for (_, n), (module, fn) in self.orig.items():
+            setattr(module, n, fn)
 
     def schedule(self, start: float, tactics: tuple[str, ...]) -> dict[str, float]:
-        """Per tactic its actions + propagation (up to its `_AfterTactic`), then the final
+        """Per tactic its actions + propagation (up to its `AfterTactic`), then the final
         lowering."""
         out, t = {}, start
-        after = [e for e in self.events if e[0] == "_AfterTactic"]
+        after = [e for e in self.events if e[0] == "AfterTactic"]
         for tactic, (_, _, end) in zip(tactics, after):
             out[f"{tactic} propagate"] = end - t
             t = end
@@ -286,10 +289,12 @@ def breakdown(size: Size) -> None:
     import jax
 
     from partir_plugin.core.mesh import Mesh
+    from partir_plugin.frontend.trace import trace
     from partir_plugin.ir.graph import walk
     from partir_plugin.ir.importer import import_lowered
-    from partir_plugin.pipeline import apply_schedule, trace
+    from partir_plugin.options import PartitionOptions
     from partir_plugin.runtime.executable import DeviceLocalFunction, jax_mesh_for
+    from partir_plugin.stages import partition
 
     harness.fresh()
     mesh = size.family.mesh
@@ -303,8 +308,8 @@ def breakdown(size: Size) -> None:
     size.ops = sum(1 for _ in walk(traced.func.ops))
     with _PhaseClock() as clock:
         t3 = time.perf_counter()
-        part = apply_schedule(traced.func, traced.leaves, Mesh.of(mesh), schedule,
-                              hardware=HARDWARE, arg_names=traced.arg_names)
+        part = partition(traced, Mesh.of(mesh), schedule,
+                         PartitionOptions(hardware=HARDWARE, scatter_sums=True))
     t4 = time.perf_counter()
     text = part.program.text()
     t5 = time.perf_counter()

@@ -117,7 +117,8 @@ def estimate(hardware: str) -> list[tuple]:
     import partir_plugin as partir
     from partir_plugin.core.mesh import Mesh
     from partir_plugin.models import megatron, transformer
-    from partir_plugin.pipeline import apply_schedule, trace, trace_hooks
+    from partir_plugin.options import PartitionOptions
+    from partir_plugin.stages import partition_function
 
     cfg = transformer.Config.paper(scan=True)
     args = jax.eval_shape(lambda: transformer.init(cfg, jax.random.PRNGKey(0)))
@@ -134,9 +135,8 @@ def estimate(hardware: str) -> list[tuple]:
     out = []
     for name, mesh, schedule in cases:
         mesh = Mesh.of(mesh)
-        traced = trace(transformer.make_train_step(cfg), args, trace_hooks(schedule, mesh))
-        part = apply_schedule(traced.func, traced.leaves, mesh, schedule, hardware=hardware,
-                              arg_names=traced.arg_names)
+        _, part = partition_function(transformer.make_train_step(cfg), args, mesh, schedule,
+                                     PartitionOptions(hardware=hardware, scatter_sums=True))
         final = part.reports[-1]
         bubble = getattr(schedule[0], "bubble", None)
         out.append((name, dict(mesh.shape), final.estimated_runtime_s,

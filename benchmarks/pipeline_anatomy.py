@@ -4,7 +4,7 @@
 
 Traces transformer T (``Config.small(layers=L, scan=True)``, Flax ``nn.scan`` over the blocks)
 with abstract arguments (``jax.eval_shape``: nothing is allocated, no device is needed) through
-``partir_plugin.pipeline.trace`` and prints, for every top-level ``stablehlo.while``: its trip
+``partir_plugin.frontend.trace.trace`` and prints, for every top-level ``stablehlo.while``: its trip
 count and index expression, and each loop-carried value classified as
 
 - ``induction``  the counter (``i = 0; i < L; i += 1``),
@@ -30,9 +30,11 @@ import dataclasses
 import harness  # noqa: F401  (before jax: repository root on sys.path)
 import jax
 
+from partir_plugin.frontend.trace import trace
 from partir_plugin.ir.graph import Op, Value, walk
 from partir_plugin.models import transformer
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.options import PartitionOptions
+from partir_plugin.stages import partition
 
 
 def _short(op: Op) -> str:
@@ -145,8 +147,8 @@ def stage_tiling(traced, arg_names: dict[Value, str]) -> None:
     layers = partir.ManualPartition(inputs={"params": stacked, "opt_state": stacked},
                                     axis="stage", name="stacked@stage")
     mesh = Mesh.of({"stage": 4, "batch": 2})
-    done = apply_schedule(traced.func, traced.leaves, mesh,
-                          [partir.tactic("BP", axis="batch"), layers])
+    done = partition(traced, mesh, [partir.tactic("BP", axis="batch"), layers],
+                     PartitionOptions(scatter_sums=True))
     state = done.state
     print(f"\n== --stage-tiling on {dict(mesh.shape)}: [BP, stacked@stage]; "
           f"conflicts {len(state.conflicts)}")

@@ -167,8 +167,8 @@ def global_pipelined_loss(params: dict, x: jax.Array, y: jax.Array, *, stages: i
 def global_form_facts(params, x, y, ref, mesh) -> dict:
     """The global form against jax.jit, how partir imports it, and what XLA's own partitioner
     makes of it given only the stacked weights' sharding."""
+    from partir_plugin.frontend.trace import trace
     from partir_plugin.ir.graph import walk
-    from partir_plugin.pipeline import trace
 
     fn = partial(global_pipelined_loss, stages=mesh.shape["stage"], microbatches=4)
     loss, grads = jax.jit(jax.value_and_grad(fn))(params, x, y)

@@ -12,8 +12,8 @@ BP+MP+Z3 (the presets), and for the mixture of experts
 (height tiled, halo exchange) on {batch: 2, space: 4}, it measures
 
 - ours: `step, meta = partir_plugin.jit(train_step, mesh, schedule)`; partitioning + compile
-  time of `step.lower(*args)` (and, within it, the time spent in `pipeline.trace` +
-  `pipeline.apply_schedule`), step time, and XLA's memory analysis of the device-local
+  time of `step.lower(*args)` (and, within it, the time spent in `frontend.trace` +
+  `stages.partition`), step time, and XLA's memory analysis of the device-local
   executable (argument + output + temp - alias bytes per device);
 - the peer: `jax.jit(train_step, in_shardings=meta.in_shardings,
   out_shardings=meta.out_shardings)`, i.e. the same NamedShardings handed to XLA's own
@@ -254,14 +254,14 @@ class Case:
 
 
 class _PartitionTimer:
-    """Accumulates the time spent in `trace` and `apply_schedule` as `partir_plugin.api` calls
-    them (it imported both names, so they are wrapped there)."""
+    """Accumulates the time spent in `trace` and `partition` as `partir_plugin.stages` calls
+    them (`partition_function`; it imported both names, so they are wrapped there)."""
 
     def __init__(self):
-        import partir_plugin.api as api
+        import partir_plugin.stages as api
 
         self.api, self.total = api, 0.0
-        self.orig = {name: getattr(api, name) for name in ("trace", "apply_schedule")}
+        self.orig = {name: getattr(api, name) for name in ("trace", "partition")}
 
     def __enter__(self):
         def timed(fn):
@@ -480,7 +480,7 @@ def section(cases: list[Case], models: dict[str, str], runs: int, reps: int,
         "- Memory: XLA's memory analysis of each compiled program, argument + output + temp - "
         "alias bytes per device.",
         f"- Partitioning + compile time: ours `step.lower(*args)` (trace, schedule, lowering, "
-        f"XLA compile; in parentheses the part in `pipeline.trace` + `pipeline.apply_schedule`), "
+        f"XLA compile; in parentheses the part in `frontend.trace` + `stages.partition`), "
         f"the peer `jax.jit(...).lower(*args).compile()`; minimum of {reps} repetitions each, "
         "freshly built functions, alternating (A B, then B A).",
         "- Collectives: ours as the partitioner counts them (`meta.tactics[-1].collectives`: "

@@ -3,126 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ._gc import gc_paused
 from .core.mesh import Mesh
-from .core.padding import PaddingPolicy, UnevenOutputs
-from .core.resolution import ConflictPolicy
-from .errors import InputMismatchError
-from .ir.graph import gc_paused
-from .pipeline import Partitioned, Traced, apply_schedule, aval_key, trace, trace_hooks
-from .plugin.resolve import resolve_hardware_option
+from .frontend.trace import aval_key
+from .options import PartitionOptions
 from .report.metadata import Metadata
 from .runtime.compile_overlap import while_xla_compiles
 from .runtime.executable import DeviceLocalFunction, jax_mesh_for
-
-
-def _shapes_and_dtypes(key: tuple) -> tuple:
-    """A partition key without weak types: what a compiled program checks its inputs against
-    (jax converts a Python scalar to the compiled dtype)."""
-    treedef, leaves = key
-    return treedef, tuple(k[:2] for k in leaves)
-
-
-@dataclass
-class Partition:
-    """The partitioned program for one set of input avals, as a traceable jax function."""
-
-    traced: Traced
-    partitioned: Partitioned
-    function: DeviceLocalFunction
-    key: tuple
-
-    def __call__(self, args: tuple):
-        import jax
-
-        outs = self.function(*jax.tree_util.tree_leaves(args))
-        return jax.tree_util.tree_unflatten(self.traced.out_tree, outs)
-
-    def as_text(self) -> str:
-        return self.partitioned.program.text()
-
-
-def _describe_mismatch(expected: tuple, got: tuple, traced: Traced) -> str:
-    (etree, eleaves), (gtree, gleaves) = expected, got
-    if etree != gtree:
-        return (f"arguments have structure {gtree} but the program was partitioned for "
-                f"{etree}")
-    for leaf, e, g in zip(traced.leaves, eleaves, gleaves):
-        if e[:2] != g[:2]:
-            return (f"argument {leaf.qualified!r} has shape {g[0]} and dtype {g[1]} but the "
-                    f"program was partitioned for shape {e[0]} and dtype {e[1]}")
-    return "arguments differ from those the program was partitioned for"
-
-
-class Lowered:
-    """`step.lower(*args)`: the partitioned program, staged as jax stages it.
-
-    `as_text()` is the device-local StableHLO (what every device runs, collectives
-    explicit); `jax_lowered` the enclosing jax program that embeds it; `compile()` compiles.
-    """
-
-    def __init__(self, partition: Partition, jax_lowered, bind) -> None:
-        self.partition = partition
-        self.jax_lowered = jax_lowered
-        self._bind = bind  # (args, kwargs) -> positional args, as the step binds them
-
-    @property
-    def partitioned(self) -> Partitioned:
-        return self.partition.partitioned
-
-    @property
-    def traced(self) -> Traced:
-        return self.partition.traced
-
-    def as_text(self) -> str:
-        return self.partition.as_text()
-
-    def compile(self) -> Compiled:
-        return Compiled(self.partition, self.jax_lowered.compile(), self._bind)
-
-
-class Compiled:
-    """A compiled partitioned program: call it with arguments of the avals it was lowered for.
-
-    `as_text()` is XLA's compiled HLO (its collectives are ours); `memory_analysis()` and
-    `cost_analysis()` are XLA's.
-    """
-
-    def __init__(self, partition: Partition, jax_compiled, bind) -> None:
-        self.partition = partition
-        self.jax_compiled = jax_compiled
-        self._bind = bind
-
-    def __call__(self, *args, **kwargs):
-        import jax
-
-        leaves, treedef = jax.tree_util.tree_flatten(self._bind(args, kwargs))
-        key = (treedef, tuple(aval_key(x) for x in leaves))
-        expected = self.partition.key
-        if _shapes_and_dtypes(key) != _shapes_and_dtypes(expected):
-            raise InputMismatchError(_describe_mismatch(expected, key, self.partition.traced))
-        return self.jax_compiled(*args, **kwargs)
-
-    def as_text(self) -> str:
-        return self.jax_compiled.as_text()
-
-    def memory_analysis(self):
-        return self.jax_compiled.memory_analysis()
-
-    def cost_analysis(self):
-        return self.jax_compiled.cost_analysis()
+from .stages import Lowered, Partition, partition_function, resolve_options
 
 
 class PartitionedFunction:
     """What `jit` returns: call it like the function (a jax function: it works inside a
     user's `jax.jit`, `lax.scan` and `jax.export`); it partitions on first use per avals."""
 
-    def __init__(self, fn, mesh, schedule: Sequence, donate_argnums=(), hardware=None,
-                 metadata: Metadata | None = None, conflicts: str = "redistribute",
-                 scatter_sums: bool | None = None, padding: str = "allow",
-                 uneven_outputs: str = "error"):
+    def __init__(self, fn, mesh, schedule: Sequence, donate_argnums=(),
+                 options: PartitionOptions | None = None, metadata: Metadata | None = None):
         import functools
 
         import jax
@@ -133,14 +31,10 @@ class PartitionedFunction:
         self.schedule = list(schedule)
         self.donate = tuple([donate_argnums] if isinstance(donate_argnums, int)
                             else donate_argnums)
-        self.hardware = hardware
-        self.conflicts = ConflictPolicy.of(conflicts)
-        self.padding = PaddingPolicy.of(padding)
-        self.uneven_outputs = UnevenOutputs.of(uneven_outputs)
         # XLA:CPU runs a pending sum faster all-reduced (and combined) then sliced than
-        # reduce-scattered; elsewhere reduce_scatter (`PartitionState.scatter_sums`).
-        self.scatter_sums = (self.jax_mesh.devices.flat[0].platform != "cpu"
-                             if scatter_sums is None else bool(scatter_sums))
+        # reduce-scattered; elsewhere reduce_scatter (`PartitionOptions.for_platform`).
+        self.options = resolve_options(options or PartitionOptions(),
+                                       self.jax_mesh.devices.flat[0].platform)
         self.metadata = metadata if metadata is not None else Metadata()
         self._cache: dict[tuple, Partition] = {}
         for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -182,16 +76,9 @@ class PartitionedFunction:
         found = self._cache.get(key)
         if found is not None:
             return found
-        # jax's trace of the step allocates as many objects as our passes do, and each of
-        # the collector's full passes along the way walks everything alive: one collection
-        # at the end instead (`gc_paused`).
         with gc_paused():
-            traced = trace(self.fn, args, trace_hooks(self.schedule, self.mesh))
-            part = apply_schedule(traced.func, traced.leaves, self.mesh, self.schedule,
-                                  hardware=self.hardware, arg_names=traced.arg_names,
-                                  conflicts=self.conflicts, scatter_sums=self.scatter_sums,
-                                  padding=self.padding, uneven_outputs=self.uneven_outputs,
-                                  out_names=traced.out_names)
+            traced, part = partition_function(self.fn, args, self.mesh, self.schedule,
+                                              self.options)
             program = part.program
             function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"),
                                            program.text(), self.jax_mesh, program.in_layouts,
@@ -212,7 +99,7 @@ class PartitionedFunction:
         import jax
 
         self.metadata.fill(
-            p.partitioned.reports, self.mesh.shape, self.hardware,
+            p.partitioned.reports, self.mesh.shape, self.options.hardware,
             jax.tree_util.tree_unflatten(p.traced.in_tree, p.function.in_shardings)[0],
             jax.tree_util.tree_unflatten(p.traced.out_tree, p.function.out_shardings),
             p.as_text())
@@ -260,10 +147,8 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
     the sizes and the tactic ("error", the default), or is gathered to its largest divisible
     layout and trimmed, with an `UnevenOutputWarning` ("replicate").
     """
-    hardware = resolve_hardware_option(hardware)
-    f = PartitionedFunction(fn, mesh, schedule, donate_argnums, hardware,
-                            conflicts=conflicts, scatter_sums=scatter_sums, padding=padding,
-                            uneven_outputs=uneven_outputs)
+    options = PartitionOptions(conflicts, padding, uneven_outputs, scatter_sums, hardware)
+    f = PartitionedFunction(fn, mesh, schedule, donate_argnums, options)
     return f, f.metadata
 
 

@@ -50,14 +50,14 @@ from .errors import PartitionError, PluginError, UnknownNameError
 from .ir.graph import Block, Func, Op, Region, Value
 from .ir.padded_scatter import PADDED_SCATTER_OP
 from .ir.types import TensorType
-from .pipelining import PipelineParallel
 from .plugin.hookspecs import Override, hookimpl, override
 from .plugin.resolve import resolve_hardware, resolve_simulator, simulate
 from .report.records import CollectiveRecord, Reason, SourceLocation
-from .search import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
-from .tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
+from .tactics.automatic import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
+from .tactics.manual import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
+from .tactics.pipeline_parallel import PipelineParallel
 from .verify.tmr import (
     EntryVerdict,
     VerificationReport,

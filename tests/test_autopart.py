@@ -19,9 +19,11 @@ from partir_plugin.core.mesh import Mesh
 from partir_plugin.core.propagation import propagate
 from partir_plugin.core.state import PartitionState
 from partir_plugin.examples import mlp
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.frontend.trace import trace
+from partir_plugin.options import PartitionOptions
 from partir_plugin.plugin.manager import default_registry
-from partir_plugin.search import Budget
+from partir_plugin.stages import partition
+from partir_plugin.tactics.automatic import Budget
 
 OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}
 
@@ -50,8 +52,8 @@ def _assert_trees_close(a, b, atol=2e-5):
 
 
 def _auto(traced, mesh, schedule):
-    return apply_schedule(traced.func, traced.leaves, Mesh.of(mesh), schedule,
-                          hardware="a100-40gb", arg_names=traced.arg_names)
+    return partition(traced, Mesh.of(mesh), schedule,
+                     PartitionOptions(hardware="a100-40gb", scatter_sums=True))
 
 
 def _unpartitioned_runtime(traced, mesh) -> float:

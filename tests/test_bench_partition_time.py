@@ -1,6 +1,7 @@
 """benchmarks/partition_time.py's phase breakdown on one-layer models of two families: the
 clock it wraps around the pipeline must still see every tactic, the final lowering and the
-report's first read (it relies on names inside `partir_plugin.pipeline`)."""
+report's first read (it relies on names inside `partir_plugin.schedule` and
+`partir_plugin.report.rows`)."""
 
 import benchmark_module
 import pytest

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import partir_plugin as partir
-import partir_plugin.pipeline as pipeline
+import partir_plugin.report.rows as rows
 from partir_plugin.runtime import compile_overlap
 from partir_plugin.spmd.halo import HaloWarning
 
@@ -73,7 +73,7 @@ def test_a_failure_on_the_side_thread_is_raised_by_the_first_read(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("simulated failure in a report row")
 
-    monkeypatch.setattr(pipeline, "tactic_report", broken)
+    monkeypatch.setattr(rows, "tactic_report", broken)
     step, args, schedule = _mlp_step()
     fn, meta = partir.jit(step, MESH, schedule)
     fn.lower(*args).compile()

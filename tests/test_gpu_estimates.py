@@ -13,9 +13,11 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.frontend.trace import trace
 from partir_plugin.models import transformer
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.options import PartitionOptions
 from partir_plugin.plugin.resolve import resolve_hardware, simulate
+from partir_plugin.stages import partition
 
 DATA = json.loads((Path(__file__).parent / "data" / "h100_transformer_step_times.json")
                   .read_text())
@@ -27,8 +29,8 @@ def _estimate_ms(config: dict, hardware: str) -> float:
                               **{k: v for k, v in config.items() if k != "layers"})
     args = jax.eval_shape(lambda key: transformer.init(cfg, key), jax.random.PRNGKey(0))
     traced = trace(transformer.make_train_step(cfg), args)
-    part = apply_schedule(traced.func, traced.leaves, Mesh.of({"batch": 1}),
-                          [partir.tactic("BP", axis="batch")], arg_names=traced.arg_names)
+    part = partition(traced, Mesh.of({"batch": 1}), [partir.tactic("BP", axis="batch")],
+                     PartitionOptions(scatter_sums=True))
     return simulate(part.program.func, part.program.mesh, resolve_hardware(hardware)
                     ).runtime_s * 1e3
 

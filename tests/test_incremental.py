@@ -13,11 +13,13 @@ from jaxlib.mlir import ir
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.errors import UnknownNameError
+from partir_plugin.frontend.trace import trace
 from partir_plugin.ir.importer import make_context
 from partir_plugin.models import megatron, transformer
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.options import PartitionOptions
 from partir_plugin.plugin.resolve import simulate
 from partir_plugin.spmd.lowering import LoweringCache, lower_to_spmd
+from partir_plugin.stages import partition
 
 MESH = Mesh.of({"batch": 4, "model": 2})
 
@@ -38,8 +40,8 @@ def traced(request):
 @pytest.mark.parametrize("order", ["BP+MP+Z3", "MP+Z3+BP", "Z3+BP+MP+EMB"])
 def test_incremental_lowering_matches_a_fresh_one(traced, order):
     tactics = _tactics()
-    part = apply_schedule(traced.func, traced.leaves, MESH, [tactics[t] for t in order.split("+")],
-                          hardware="tpu-v3", arg_names=traced.arg_names)
+    part = partition(traced, MESH, [tactics[t] for t in order.split("+")],
+                     PartitionOptions(hardware="tpu-v3", scatter_sums=True))
     fresh = lower_to_spmd(part.state)
     assert part.program.counts == fresh.counts
     assert part.reports[-1].collectives == fresh.counts
@@ -55,8 +57,8 @@ def test_incremental_lowering_matches_a_fresh_one(traced, order):
 
 def test_a_cached_lowering_of_an_unchanged_state_reuses_every_op(traced):
     tactics = _tactics()
-    part = apply_schedule(traced.func, traced.leaves, MESH, [tactics["BP"], tactics["MP"]],
-                          arg_names=traced.arg_names)
+    part = partition(traced, MESH, [tactics["BP"], tactics["MP"]],
+                     PartitionOptions(scatter_sums=True))
     cache = LoweringCache()
     first = lower_to_spmd(part.state, cache)
     second = lower_to_spmd(part.state, cache)
@@ -70,23 +72,21 @@ def test_report_rows_are_made_on_first_read(traced, monkeypatch):
     """Partitioning lowers only the final state; each tactic's row (its program lowered and
     simulated) is made when the report is first read, and equals the row of a schedule that
     stopped after that tactic."""
-    import partir_plugin.pipeline as pipeline
+    import partir_plugin.report.rows as rows
 
     made = []
-    estimate = pipeline.estimate
-    monkeypatch.setattr(pipeline, "estimate", lambda *a, **k: made.append(1) or estimate(*a, **k))
+    estimate = rows.estimate
+    monkeypatch.setattr(rows, "estimate", lambda *a, **k: made.append(1) or estimate(*a, **k))
     tactics = _tactics()
-    part = apply_schedule(traced.func, traced.leaves, MESH,
-                          [tactics["BP"], tactics["MP"], tactics["Z3"]], hardware="tpu-v3",
-                          arg_names=traced.arg_names)
+    part = partition(traced, MESH, [tactics["BP"], tactics["MP"], tactics["Z3"]],
+                     PartitionOptions(hardware="tpu-v3", scatter_sums=True))
     assert not part.reports.made and not made and len(part.reports) == 3
     rows = list(part.reports)
     assert part.reports.made and len(made) == 3
     assert rows[-1].collectives == part.program.counts
     for k in (1, 2):
-        prefix = apply_schedule(traced.func, traced.leaves, MESH,
-                                [tactics[t] for t in ("BP", "MP")[:k]], hardware="tpu-v3",
-                                arg_names=traced.arg_names).reports[-1]
+        prefix = partition(traced, MESH, [tactics[t] for t in ("BP", "MP")[:k]],
+                           PartitionOptions(hardware="tpu-v3", scatter_sums=True)).reports[-1]
         assert rows[k - 1].collectives == prefix.collectives
         assert rows[k - 1].estimated_runtime_s == pytest.approx(prefix.estimated_runtime_s,
                                                                  rel=1e-6)
@@ -95,5 +95,5 @@ def test_report_rows_are_made_on_first_read(traced, monkeypatch):
 
 def test_an_unknown_hardware_name_fails_when_partitioning(traced):
     with pytest.raises(UnknownNameError, match="no-such-chip"):
-        apply_schedule(traced.func, traced.leaves, MESH, [_tactics()["BP"]],
-                       hardware="no-such-chip", arg_names=traced.arg_names)
+        partition(traced, MESH, [_tactics()["BP"]],
+                  PartitionOptions(hardware="no-such-chip", scatter_sums=True))

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from jaxlib.mlir import ir
 
+from partir_plugin._gc import gc_paused
 from partir_plugin.ir import import_lowered, import_stablehlo, print_module
-from partir_plugin.ir.graph import gc_paused
 from partir_plugin.ir.importer import make_context
 from partir_plugin.runtime import compile_overlap
 

@@ -13,9 +13,11 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.frontend.trace import trace
 from partir_plugin.models import megatron, moe, transformer
 from partir_plugin.models.common import param_paths
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.options import PartitionOptions
+from partir_plugin.stages import partition
 
 CONFIG = moe.Config.small(layers=1)
 EP_MESH = {"batch": 2, "expert": 4}
@@ -47,8 +49,7 @@ def _traced():
 def _counts(schedule: list, mesh: dict[str, int]) -> list[tuple[dict[str, int], int]]:
     """(collectives, number of conflicts) of every tactic's row, without compiling."""
     traced = _traced()
-    part = apply_schedule(traced.func, traced.leaves, Mesh.of(mesh), schedule,
-                          arg_names=traced.arg_names)
+    part = partition(traced, Mesh.of(mesh), schedule, PartitionOptions(scatter_sums=True))
     return [(r.collectives, len(r.conflicts)) for r in part.reports]
 
 
@@ -167,8 +168,7 @@ def test_two_layers_two_all_to_alls_each() -> None:
     config = dataclasses.replace(CONFIG, layers=2)
     args = jax.eval_shape(lambda: moe.init(config, jax.random.key(0)))
     traced = trace(moe.make_train_step(config), args)
-    part = apply_schedule(traced.func, traced.leaves, Mesh.of(EP_MESH), [BP, EP],
-                          arg_names=traced.arg_names)
+    part = partition(traced, Mesh.of(EP_MESH), [BP, EP], PartitionOptions(scatter_sums=True))
     ep = part.reports[-1]
     assert ep.collectives["all_to_all"] == 8 and ep.collectives["all_gather"] == 0
     assert not ep.conflicts
@@ -206,8 +206,8 @@ def test_automatic_partition_after_bp_finds_expert_parallelism() -> None:
     auto = partir.AutomaticPartition(["expert"], budget=60, searcher="beam")
 
     def runtime(schedule):
-        part = apply_schedule(traced.func, traced.leaves, Mesh.of(EP_MESH), schedule,
-                              hardware="a100-40gb", arg_names=traced.arg_names)
+        part = partition(traced, Mesh.of(EP_MESH), schedule,
+                         PartitionOptions(hardware="a100-40gb", scatter_sums=True))
         return part.reports[-1]
 
     found, manual = runtime([BP, auto]), runtime([BP, EP])

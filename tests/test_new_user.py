@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import partir_plugin as partir
-from partir_plugin.cli import main as partir_main
+from partir_plugin.cli.main import main as partir_main
+from partir_plugin.cli.report import ReportInputError, schedule_from_json
 from partir_plugin.errors import UnknownNameError
-from partir_plugin.report_cli import ReportInputError, schedule_from_json
 
 
 def matmul(x, w):

@@ -12,8 +12,10 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.frontend.trace import trace
 from partir_plugin.models import gns, inference_transformer, megatron, transformer, unet
-from partir_plugin.pipeline import apply_schedule, trace
+from partir_plugin.options import PartitionOptions
+from partir_plugin.stages import partition
 
 MESH = {"batch": 4, "model": 2}
 BP = partir.tactic("BP", axis="batch")
@@ -44,8 +46,7 @@ def _check(fn, args, schedule, tol=5e-5):
 
 def _counts(fn, args, schedule):
     traced = trace(fn, args)
-    part = apply_schedule(traced.func, traced.leaves, Mesh.of(MESH), schedule,
-                          arg_names=traced.arg_names)
+    part = partition(traced, Mesh.of(MESH), schedule, PartitionOptions(scatter_sums=True))
     return [r.collectives for r in part.reports]
 
 
@@ -147,8 +148,7 @@ def test_gns_edge_sharding():
     assert meta.tactics[0].collectives == {**zero, "all_reduce": 6 + 9 * 2}
     step3, args3 = _gns(3)
     traced = trace(step3, args3)
-    part = apply_schedule(traced.func, traced.leaves, Mesh.of({"batch": 8}), [es],
-                          arg_names=traced.arg_names)
+    part = partition(traced, Mesh.of({"batch": 8}), [es], PartitionOptions(scatter_sums=True))
     assert part.reports[0].collectives == {**zero, "all_reduce": 6 + 9 * 3}
 
 

@@ -16,7 +16,7 @@ from test_jit import hlo_collective_counts
 
 import partir_plugin as partir
 from partir_plugin.models import megatron, transformer
-from partir_plugin.pipelining import PipelineShape, pipelined_scan, schedule_table
+from partir_plugin.tactics.pipeline_parallel import PipelineShape, pipelined_scan, schedule_table
 
 
 def _assert_close(got, want):
@@ -338,7 +338,7 @@ def test_pp_errors_name_the_tactic(model):
 def test_batch_coupled_layer_bodies_warn():
     """A layer normalising over the batch (batch norm's statistics) computes them per
     microbatch once pipelined: PP warns; a body that reduces over features does not."""
-    from partir_plugin.pipelining import PipelineWarning
+    from partir_plugin.tactics.pipeline_parallel import PipelineWarning
 
     w = jax.random.normal(jax.random.PRNGKey(0), (8, 8, 8))
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
@@ -372,7 +372,7 @@ def test_batch_coupled_layer_bodies_warn():
 def test_microbatch_bits_are_the_rows_of_the_whole_batch_draw(shape, dim, inner, bits):
     """Microbatch m of M draws bit for bit rows m, m+M, ... of the whole batch's draw (for a
     dimension folding the batch with `inner` elements per row: those rows' elements)."""
-    from partir_plugin.microbatch_rng import Draw, microbatch_bits
+    from partir_plugin.tactics.pipeline_parallel.microbatch_rng import Draw, microbatch_bits
 
     M = 4
     key = jax.random.key(7)

@@ -557,7 +557,7 @@ def cli_args():
 
 
 def test_partir_report_cli_with_pp_schedule(tmp_path, capsys):
-    from partir_plugin.cli import main as partir_main
+    from partir_plugin.cli.main import main as partir_main
 
     schedule = [{"preset": "PP", "axis": "stage", "microbatches": 4},
                 {"preset": "BP", "axis": "batch"}]

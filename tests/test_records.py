@@ -22,15 +22,17 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
+from partir_plugin.frontend.trace import key_path_str, trace
 from partir_plugin.ir.locations import NO_LOCATIONS_HINT, Phase
-from partir_plugin.pipeline import apply_schedule, key_path_str, trace
+from partir_plugin.options import PartitionOptions
 from partir_plugin.plugin.resolve import simulate
 from partir_plugin.report.records import SCHEMA, Reason
-from partir_plugin.report_cli import report_for_function, report_for_stablehlo
 from partir_plugin.spmd.collectives import Collective
+from partir_plugin.stages import partition, report_for_function, report_for_stablehlo
 
 MODEL = Path(__file__).parent / "data" / "diag_model.py"
 HARDWARE = "host-cpu"  # its spec combines all_reduces: combined slices are traced too
+OPTIONS = PartitionOptions(hardware=HARDWARE)
 
 
 def load_model(path: Path, name: str):
@@ -67,13 +69,13 @@ def in_model(record) -> bool:
 
 @pytest.fixture(scope="module")
 def megatron():
-    return report_for_function(dm.train_step, dm.example(), {"model": 4}, [MP], HARDWARE)
+    return report_for_function(dm.train_step, dm.example(), {"model": 4}, [MP], OPTIONS)
 
 
 @pytest.fixture(scope="module")
 def bp_mp():
     return report_for_function(dm.train_step, dm.example(), {"batch": 2, "model": 4},
-                               [BP, MP], HARDWARE)
+                               [BP, MP], OPTIONS)
 
 
 def test_megatron_forward_all_reduce_names_each_layers_down_projection(megatron):
@@ -103,7 +105,7 @@ def test_megatron_backward_all_reduces_name_their_layers_lines(megatron):
 
 def test_bp_names_the_parameter_of_every_gradient_reduction():
     params, batch = dm.example()
-    meta = report_for_function(dm.train_step, (params, batch), {"batch": 8}, [BP], HARDWARE)
+    meta = report_for_function(dm.train_step, (params, batch), {"batch": 8}, [BP], OPTIONS)
     records = meta.tactics[-1].records
     gradients = [r for r in records if r.phase is Phase.BACKWARD]
     assert all(r.kind == Collective.ALL_REDUCE and r.param is not None for r in gradients)
@@ -121,7 +123,7 @@ def test_a_conflict_is_reported_at_the_matmul_line():
     x = jax.ShapeDtypeStruct((8, 16), "float32")
     cols = partir.ManualPartition({"w": 1}, axis="a", name="cols")
     rows = partir.ManualPartition({"x": 1}, axis="a", name="contract")
-    meta = report_for_function(dm.conflict_step, (w, x), {"a": 4}, [cols, rows], HARDWARE)
+    meta = report_for_function(dm.conflict_step, (w, x), {"a": 4}, [cols, rows], OPTIONS)
     (record,) = meta.tactics[-1].records
     assert record.reason is Reason.CONFLICT and record.tactic == "contract"
     assert in_model(record) and record.source.line == LINES["conflict"]
@@ -160,7 +162,7 @@ def test_a_tactic_is_credited_with_the_collectives_it_added(bp_mp):
 
 def test_scan_records_count_the_trip_count():
     meta = report_for_function(dm.scan_train_step, dm.scan_example(), {"model": 4}, [MP],
-                               HARDWARE)
+                               OPTIONS)
     forward = [r for r in meta.tactics[-1].records
                if r.kind == Collective.ALL_REDUCE and r.phase is Phase.FORWARD]
     assert len(forward) == 1  # one op in the loop body ...
@@ -199,7 +201,7 @@ def test_moving_the_model_down_moves_every_line(tmp_path, bp_mp):
     moved_path.write_text("\n" + MODEL.read_text())
     moved = load_model(moved_path, "diag_model_moved")
     meta = report_for_function(moved.train_step, moved.example(), {"batch": 2, "model": 4},
-                               [BP, MP], HARDWARE)
+                               [BP, MP], OPTIONS)
     before = {r.id: r for r in bp_mp.tactics[-1].records}
     after = {r.id: r for r in meta.tactics[-1].records}
     assert before.keys() == after.keys()  # same program, same ids
@@ -219,8 +221,8 @@ def test_to_json_has_versioned_records(bp_mp):
 
 def _final_program_comm_s():
     t = trace(dm.train_step, dm.example())
-    part = apply_schedule(t.func, t.leaves, Mesh.of({"batch": 2, "model": 4}), [BP, MP],
-                          hardware=HARDWARE, arg_names=t.arg_names)
+    part = partition(t, Mesh.of({"batch": 2, "model": 4}), [BP, MP],
+                     PartitionOptions(hardware=HARDWARE, scatter_sums=True))
     return simulate(part.program.func, part.program.mesh, HARDWARE).communication_s
 
 
@@ -239,7 +241,7 @@ def assert_nested(thread: list[dict]) -> None:
 
 def test_trace_of_a_loop_nests_its_body(tmp_path):
     meta = report_for_function(dm.scan_train_step, dm.scan_example(), {"model": 4}, [MP],
-                               HARDWARE)
+                               OPTIONS)
     events = json.loads(meta.write_trace(tmp_path / "t.json").read_text())["traceEvents"]
     compute = [e for e in events if e["ph"] == "X" and e["tid"] == 1 and e["pid"] == 1]
     loops = [e for e in compute if e["name"].startswith("while")]
@@ -310,10 +312,10 @@ def test_stablehlo_file_keeps_locations_only_when_printed_with_them():
     mp = partir.ManualPartition({f"arg{3 * i + k}": d for i in range(len(dm.LAYERS))
                                  for k, d in enumerate((0, 0, 1))}, axis="model", name="MP")
     with_debug = report_for_stablehlo(lowered.as_text(debug_info=True), {"model": 4}, [mp],
-                                      HARDWARE, arg_names=names, baseline=False)
+                                      OPTIONS, arg_names=names, baseline=False)
     records = with_debug.tactics[-1].records
     assert records and all(in_model(r) for r in records)
-    plain = report_for_stablehlo(lowered.as_text(), {"model": 4}, [mp], HARDWARE,
+    plain = report_for_stablehlo(lowered.as_text(), {"model": 4}, [mp], OPTIONS,
                                  arg_names=names, baseline=False)
     assert [r.id for r in plain.tactics[-1].records] == [r.id for r in records]
     assert all(r.source is None for r in plain.tactics[-1].records)
@@ -345,7 +347,7 @@ def test_locations_are_parsed_only_when_records_are_read(monkeypatch):
     parse = records.parse_location
     monkeypatch.setattr(records, "parse_location", lambda loc: parsed.append(loc) or parse(loc))
     meta = report_for_function(dm.train_step, dm.example(), {"batch": 2, "model": 4},
-                               [BP, MP], HARDWARE)
+                               [BP, MP], OPTIONS)
     assert meta.report() and not parsed  # rows made, counts and estimates read
     assert meta.tactics[-1].records and parsed
 

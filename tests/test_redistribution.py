@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paper_examples import FIG_13
 
-from partir_plugin.cli import main as partir_main
+from partir_plugin.cli.main import main as partir_main
 from partir_plugin.errors import PartitionError
 from partir_plugin.spmd.redistribution import (
     AllGather,

@@ -10,13 +10,16 @@ import optax
 import pytest
 
 import partir_plugin as partir
-from partir_plugin.cli import main as partir_main
+from partir_plugin.cli.main import main as partir_main
+from partir_plugin.cli.report import schedule_from_json
 from partir_plugin.core.mesh import Mesh
 from partir_plugin.examples import mlp
-from partir_plugin.pipeline import apply_schedule, estimate, trace
+from partir_plugin.frontend.trace import trace
+from partir_plugin.options import PartitionOptions
 from partir_plugin.report.metadata import Metadata
-from partir_plugin.report.tactic_report import TacticReport
-from partir_plugin.report_cli import BASELINE, report_for_function, schedule_from_json
+from partir_plugin.report.rows import estimate
+from partir_plugin.report.tactic_report import BASELINE, TacticReport
+from partir_plugin.stages import partition, report_for_function
 
 CHAIN_SCHEDULE = [{"name": "BP", "axis": "B", "inputs": {"x": 0}},
                   {"name": "MP", "axis": "M", "inputs": {"w1": 1}},
@@ -194,10 +197,10 @@ def test_bp_divides_per_device_flops_by_k_and_the_report_shows_it():
     step = mlp.make_train_step(model, optimizer)
     bp = partir.ManualPartition({"batch": 0}, axis="batch", name="BP")
     traced = trace(step, args)
-    empty = apply_schedule(traced.func, traced.leaves, Mesh.of({"batch": 8}), [],
-                           arg_names=traced.arg_names)
+    empty = partition(traced, Mesh.of({"batch": 8}), [], PartitionOptions(scatter_sums=True))
     empty_flops = estimate(empty.program, "a100-40gb").flops
-    meta = report_for_function(step, args, {"batch": 8}, [bp], "a100-40gb")
+    meta = report_for_function(step, args, {"batch": 8}, [bp],
+                               PartitionOptions(hardware="a100-40gb"))
     base, after = meta.tactics
     assert base.name == BASELINE and after.name == "BP"
     assert base.estimated_flops == empty_flops  # the baseline row is the empty schedule

@@ -9,37 +9,16 @@ divisible sizes this is exactly even tiling.
 
 This module answers the questions the rest asks about padding: a tile's extent, where a
 device's tile starts and how much of it is valid, whether a TMR entry may run on padded
-tiles, and the policies a user picks (`PaddingPolicy`, `UnevenOutputs`).
+tiles (the policies a user picks, `PaddingPolicy` and `UnevenOutputs`, are in `options`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import nonmember
 
 from ..ir.graph import Op
-from .option import Option
 from .tmr import Sum, TMREntry
-
-
-class PaddingPolicy(Option):
-    """Whether a tiling may pad a dimension its axes do not divide."""
-
-    keyword = nonmember("padding")
-
-    ALLOW = "allow"
-    ERROR = "error"  # any padding is a PartitionError (tactics), never inferred (propagation)
-
-
-class UnevenOutputs(Option):
-    """What happens to a program output a tactic tiles unevenly (jax needs divisible
-    shardings at the program's boundary)."""
-
-    keyword = nonmember("uneven_outputs")
-
-    ERROR = "error"  # a PartitionError naming the output, dimension, sizes and tactic
-    REPLICATE = "replicate"  # gathered (to its largest divisible layout) and trimmed; warns
 
 
 def ceil_div(n: int, k: int) -> int:

@@ -17,22 +17,11 @@ entries' order. Each resolution is recorded for the report. `PartitionState.reso
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import nonmember
 
 from ..ir.graph import Op, Value
 from ..ir.types import format_bytes
-from .option import Option
 from .state import PartitionState
 from .tmr import Sum, TMREntry
-
-
-class ConflictPolicy(Option):
-    """What propagation does where operands carry incompatible tilings on an axis."""
-
-    keyword = nonmember("conflicts")
-
-    REDISTRIBUTE = "redistribute"  # loop the op with the cheapest entry, move the rest
-    STOP = "stop"  # PartIR's strict semantics: leave the op unpartitioned on the axis
 
 
 @dataclass(frozen=True)

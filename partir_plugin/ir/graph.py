@@ -6,9 +6,7 @@ an op we do not understand still round-trips exactly.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .types import TensorType
@@ -201,48 +199,3 @@ def users_of(func: Func) -> dict[Value, list[tuple[Op | None, int]]]:
     for i, v in enumerate(func.returns):
         users.setdefault(v, []).append((None, i))
     return users
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a pass builds IR.
-
-    Every value and op reference each other (a cycle), so building or lowering a program of
-    n ops allocates O(n) container objects, and each of the collector's full passes walks
-    every live object: with the imported program and its device-local versions alive, the
-    collections triggered along the way cost as much as the pass itself (half the time of a
-    lowering at 10k ops), growing with the program. Afterwards what the pass allocated is
-    moved to the oldest generation unwalked (`tenure`). A long search inside collects now
-    and then itself.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        # Tenured before the collector resumes: its first allocation after would otherwise
-        # start a young collection of everything the pass allocated.
-        tenure()
-        gc.enable()
-
-
-def tenure() -> None:
-    """Move every object in the young generations to the oldest one without walking them.
-
-    What a partitioning allocates is alive when it ends (the IR, its lowered programs and
-    their reports; collections there found no cyclic garbage on any benchmark model), so
-    the young collection that would walk it next finds nothing to free, and the full
-    collection its promotion then triggers walks the whole heap for nothing (0.2 s and
-    0.4 s after partitioning the GNS at L=32). `gc.freeze()` then `gc.unfreeze()` moves the
-    young generations to the oldest in O(1); a cycle among them is freed by the next full
-    collection, whenever the interpreter runs one, so a pass that leaves much garbage
-    collects it itself first (`AutomaticPartition`, after its search). Objects someone else
-    froze stay frozen: with any, one middle collection walks the young ones instead.
-    """
-    if gc.get_freeze_count():
-        gc.collect(1)
-        return
-    gc.freeze()
-    gc.unfreeze()

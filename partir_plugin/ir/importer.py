@@ -12,7 +12,8 @@ import re
 
 from jaxlib.mlir import ir, passmanager
 
-from .graph import Block, Func, Op, Region, Value, gc_paused, walk
+from .._gc import gc_paused
+from .graph import Block, Func, Op, Region, Value, walk
 from .locations import location_name
 from .padded_scatter import fuse_padded_scatters
 from .types import TensorType

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..cost import TimelineEvent
-from ..search import SearchResult
+from ..tactics.automatic import SearchResult
 from .records import CollectiveRecord, CollectiveSite
 
 # The name of the report's first row when it shows the unpartitioned program.

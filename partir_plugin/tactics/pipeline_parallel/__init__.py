@@ -19,6 +19,8 @@ their results are never read, so nothing they produce, NaN included, reaches the
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +30,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jex_core
 
-from .core.actions import TacticContext
-from .core.mesh import Mesh
-from .errors import PartitionError
+from ...core.actions import TacticContext
+from ...core.mesh import Mesh
+from ...errors import PartitionError
+from ...markers import interleave, roll, tag
+from ..base import Tactic
 from .layer_program import KeptState, LayerProgram
-from .markers import interleave, roll, tag
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
 STATE_TAG = "pp/state"  # the stage state, `[S, microbatch, ...]`
@@ -389,25 +392,79 @@ class _Everything:
         return True
 
 
+@dataclass
+class _LayerLoop:
+    """What one trace found: the pipeline's shape, the batch and the scan's line, or the
+    scans passed over and why (for "no layer loop found")."""
+
+    found: PipelineShape | None = None
+    batch: int | None = None
+    site: str | None = None
+    passed_over: list[str] = field(default_factory=list)
+
+
+# The layer-loop hook of the trace running in this context (thread, task), if any: the one
+# `jax.lax.scan` wrapper dispatches on it, so two traces at once, on two threads or nested,
+# each pipeline their own loop.
+_ACTIVE: contextvars.ContextVar[_LayerLoopHook | None] = contextvars.ContextVar(
+    "partir_pp_layer_loop", default=None)
+
+
+class _ScanPatch:
+    """`jax.lax.scan` replaced by `_dispatching_scan` while any layer-loop hook is entered
+    (a count under a lock, so the last hook to leave, on any thread, restores it)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.original: Callable = lax.scan
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.users == 0:
+                self.original = jax.lax.scan
+                jax.lax.scan = _dispatching_scan
+            self.users += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users == 0:
+                jax.lax.scan = self.original
+
+
+_SCAN = _ScanPatch()
+
+
+def _dispatching_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **kwargs):
+    """`jax.lax.scan` while a hook is entered: the hook of this context's trace, if any."""
+    hook = _ACTIVE.get()
+    if hook is None:
+        return _SCAN.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
+                              **kwargs)
+    return hook.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll, **kwargs)
+
+
 class _LayerLoopHook:
     """While the step is traced: the first `jax.lax.scan` over stacked layers (every `xs` leaf
     with the same leading length, an array in the carry) becomes a pipelined loop. Scans
     inside it, and every scan after it, are left alone; scans passed over are recorded with
-    the reason, for the tactic's "no layer loop found"."""
+    the reason, for the tactic's "no layer loop found". Entering gives the tactic that runs
+    on this trace (`_PipelineRun`), which holds what the trace found."""
 
     def __init__(self, tactic: PipelineParallel, stages: int):
         self.tactic, self.stages = tactic, stages
+        self.run = _PipelineRun(tactic, _LayerLoop())
         self.inside = False
 
-    def __enter__(self):
-        self.original = jax.lax.scan
-        self.tactic.found = None
-        self.tactic.passed_over = []
-        jax.lax.scan = self.scan
-        return self
+    def __enter__(self) -> _PipelineRun:
+        _SCAN.__enter__()
+        self.token = _ACTIVE.set(self)
+        return self.run
 
-    def __exit__(self, *exc):
-        jax.lax.scan = self.original
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.reset(self.token)
+        _SCAN.__exit__()
 
     @staticmethod
     def why_not(init, xs) -> str | None:
@@ -423,14 +480,15 @@ class _LayerLoopHook:
         return None
 
     def scan(self, f, init, xs=None, length=None, reverse=False, unroll=1, **kwargs):
-        if self.inside or self.tactic.found is not None:
-            return self.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
-                                 **kwargs)
+        loop, tactic, original = self.run.loop, self.tactic, _SCAN.original
+        if self.inside or loop.found is not None:
+            return original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
+                            **kwargs)
         why = self.why_not(init, xs)
         if why is not None:
-            self.tactic.passed_over.append(f"the scan at {_call_site()}: {why}")
-            return self.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
-                                 **kwargs)
+            loop.passed_over.append(f"the scan at {_call_site()}: {why}")
+            return original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
+                            **kwargs)
         site = _call_site()
         layers = jax.tree.leaves(xs)[0].shape[0]
         batch = _batch_size(jax.tree.leaves(init))
@@ -438,16 +496,16 @@ class _LayerLoopHook:
         layer = LayerTrace.of(f, init, xs)
         coupled = batch_coupled_ops(layer, batch)
         if coupled:
-            warnings.warn(f"{self.tactic.name}: the layer body of the scan at {site} reduces "
+            # stacklevel 3: the model's scan call (through `_dispatching_scan`).
+            warnings.warn(f"{tactic.name}: the layer body of the scan at {site} reduces "
                           f"over the batch dimension ({', '.join(coupled)}): microbatching "
                           f"computes those statistics per microbatch of "
-                          f"{batch // self.tactic.microbatches}, not over the batch of "
+                          f"{batch // tactic.microbatches}, not over the batch of "
                           f"{batch} (e.g. batch norm), so results may differ from the "
-                          f"unpipelined step", PipelineWarning, stacklevel=2)
-        self.tactic.found = PipelineShape(self.stages, self.tactic.microbatches, layers,
-                                          self.tactic.repeats)
-        self.tactic.batch = batch
-        self.tactic.site = site
+                          f"unpipelined step", PipelineWarning, stacklevel=3)
+        loop.found = PipelineShape(self.stages, tactic.microbatches, layers, tactic.repeats)
+        loop.batch, loop.site = batch, site
+        tactic.last_found = loop.found
         self.inside = True
         from jax._src import source_info_util
 
@@ -458,17 +516,17 @@ class _LayerLoopHook:
         try:
             with at_scan:
                 return pipelined_scan(f, init, xs, stages=self.stages,
-                                      microbatches=self.tactic.microbatches,
-                                      repeats=self.tactic.repeats, scan=self.original,
+                                      microbatches=tactic.microbatches,
+                                      repeats=tactic.repeats, scan=original,
                                       layer=layer, reverse=reverse, site=site, kept=kept,
-                                      fill=float("nan") if self.tactic.poison_bubbles
+                                      fill=float("nan") if tactic.poison_bubbles
                                       else 0.0)
         finally:
             self.inside = False
 
 
 @dataclass
-class PipelineParallel:
+class PipelineParallel(Tactic):
     """PP: pipeline the step's layer loop over the mesh axis `axis` (GPipe, or the circular
     schedule with `repeats` passes).
 
@@ -489,10 +547,10 @@ class PipelineParallel:
     # Debugging: the pipeline's idle (bubble) slots start as NaN instead of zeros; results
     # must not change (tests/test_pipeline.py checks they do not).
     poison_bubbles: bool = False
-    found: PipelineShape | None = field(default=None, init=False, repr=False)
-    batch: int | None = field(default=None, init=False, repr=False)
-    site: str | None = field(default=None, init=False, repr=False)
-    passed_over: list = field(default_factory=list, init=False, repr=False)
+    # The shape of the loop the last trace pipelined (`bubble`); for reading only: each
+    # trace's run keeps its own (`_PipelineRun`), so nothing partitions from this.
+    last_found: PipelineShape | None = field(default=None, init=False, repr=False,
+                                             compare=False)
 
     def __post_init__(self):
         if self.schedule not in ("gpipe", "circular"):
@@ -512,57 +570,76 @@ class PipelineParallel:
         return _LayerLoopHook(self, Mesh.of(mesh).axis_size(self.axis))
 
     def apply(self, ctx: TacticContext) -> None:
-        ctx.mesh.check_axis(self.axis)
-        if self.found is None or LAYERS_TAG not in ctx.state.tags:
+        """Untraced (a StableHLO file, or a step traced without this tactic's hook): there
+        is no layer loop to pipeline."""
+        _PipelineRun(self, _LayerLoop()).apply(ctx)
+
+    @property
+    def bubble(self) -> float | None:
+        """The idle fraction of the pipeline found in the last trace."""
+        return None if self.last_found is None else self.last_found.bubble
+
+
+@dataclass(frozen=True, eq=False)
+class _PipelineRun(Tactic):
+    """PP on one trace: the tactic's options with what that trace found (`_LayerLoop`)."""
+
+    tactic: PipelineParallel
+    loop: _LayerLoop
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.tactic.name
+
+    def apply(self, ctx: TacticContext) -> None:
+        pp, loop = self.tactic, self.loop
+        ctx.mesh.check_axis(pp.axis)
+        if loop.found is None or LAYERS_TAG not in ctx.state.tags:
             raise PartitionError(
-                f"{self.name}: no layer loop found: PP pipelines a `jax.lax.scan` over stacked "
+                f"{pp.name}: no layer loop found: PP pipelines a `jax.lax.scan` over stacked "
                 f"layers (parameters with a leading [L] dimension passed as the scan's xs, "
                 f"a batch-major carry), as Flax nn.scan, nnx.scan or a plain lax.scan write "
                 f"it; the traced step has none"
-                + ("" if not self.passed_over else " (passed over: "
-                   + "; ".join(self.passed_over) + ")"))
+                + ("" if not loop.passed_over else " (passed over: "
+                   + "; ".join(loop.passed_over) + ")"))
         leaves = {leaf.value: leaf for leaf in ctx.leaves}
         for v in ctx.state.tagged(LAYERS_TAG):
             source = v.producer.operands[0]
             target = leaves.get(source, v)  # the argument itself where the tag names one
-            if ctx.state.dim_of(target.value if target is not v else v, self.axis) is None:
-                ctx.tile(target, 0, self.axis)
+            if ctx.state.dim_of(target.value if target is not v else v, pp.axis) is None:
+                ctx.tile(target, 0, pp.axis)
         for v in ctx.state.tags.get(STATE_TAG, []):
-            if ctx.state.dim_of(v, self.axis) is None:
-                ctx.tile(v, 0, self.axis)
+            if ctx.state.dim_of(v, pp.axis) is None:
+                ctx.tile(v, 0, pp.axis)
         ctx.state.notes.append(self.describe())
 
     def finish(self, state) -> None:
         """After the whole schedule: where the batch is tiled (data parallelism from BP on
         other axes), each microbatch must be tiled alike, else the pipeline would run every
         microbatch whole on each data-parallel device (right numbers, no data parallelism)."""
+        pp, batch_size = self.tactic, self.loop.batch
         for batch, micro in zip(state.tags.get(BATCH_TAG, []), state.tags.get(MICRO_TAG, [])):
-            data = [a for a, d in state.tiles_of(batch) if d == 0 and a != self.axis]
+            data = [a for a, d in state.tiles_of(batch) if d == 0 and a != pp.axis]
             along = [a for a, d in state.tiles_of(micro) if d == 1]
             missing = [a for a in data if a not in along]
             if missing:
                 n = state.mesh.product(data)
                 raise PartitionError(
-                    f"{self.name}: the batch of {self.batch} is split {n} ways over {data} "
-                    f"(data parallelism), but its {self.microbatches} microbatches of "
-                    f"{self.batch // self.microbatches} are not: choose microbatches so that "
-                    f"{self.batch} is divisible by microbatches x {n}")
+                    f"{pp.name}: the batch of {batch_size} is split {n} ways over {data} "
+                    f"(data parallelism), but its {pp.microbatches} microbatches of "
+                    f"{batch_size // pp.microbatches} are not: choose microbatches so that "
+                    f"{batch_size} is divisible by microbatches x {n}")
 
     def describe(self) -> str:
         """The report's line: the pipeline's shape, its bubble and what each stage holds."""
-        shape = self.found
+        pp, shape = self.tactic, self.loop.found
         S, M, L, R = shape.stages, shape.microbatches, shape.layers, shape.repeats
         per = L // (S * R)
         layout = (f"{S} stages of {L // S} layer{'s' if L // S > 1 else ''}" if R == 1 else
                   f"{S} stages of {R} chunks of {per} layer{'s' if per > 1 else ''} "
                   f"(stage s: chunks s, s+{S}, ...)")
         formula = "(S-1)/(M+S-1)" if R == 1 else "(S-1)/(M·R+S-1)"
-        return (f"pipeline ({self.schedule}) over {self.axis!r}: {layout}, {M} microbatches "
-                f"of {self.batch // M}, {shape.iterations} iterations, bubble {formula} = "
+        return (f"pipeline ({pp.schedule}) over {pp.axis!r}: {layout}, {M} microbatches "
+                f"of {self.loop.batch // M}, {shape.iterations} iterations, bubble {formula} = "
                 f"{shape.bubble:.1%}; each stage keeps the activations of all {M} "
                 f"microbatches until the backward pass")
-
-    @property
-    def bubble(self) -> float | None:
-        """The idle fraction of the pipeline found in the last trace."""
-        return None if self.found is None else self.found.bubble

@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
-from .errors import PartitionError
+from ...errors import PartitionError
 
 _INLINED = frozenset({"jit", "pjit", "closed_call", "core_call"})
 _REMAT = frozenset({"remat2", "checkpoint", "remat"})

@@ -3,7 +3,7 @@
 Every subcommand is registered the same way (`partir_add_cli_commands`): a subparser whose
 `run` default is `run(args) -> int`. The kernel's own are `report`, `reshard-plan`, `plugins`
 and `demo`; the hardware plugin adds `calibrate`. Each command's arguments live beside the code
-it drives (`report_cli.py`, `spmd/redistribution/cli.py`); `--mesh` is parsed by one function,
+it drives (`cli/report.py`, `spmd/redistribution/cli.py`); `--mesh` is parsed by one function,
 `core.mesh.parse_mesh`.
 """
 
@@ -26,20 +26,20 @@ def _add(subparsers: argparse._SubParsersAction, name: str, help_text: str,
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from . import report_cli
+    from . import report
 
-    return report_cli.run(args)
+    return report.run(args)
 
 
 def _run_reshard_plan(args: argparse.Namespace) -> int:
-    from .spmd.redistribution import cli
+    from ..spmd.redistribution import cli
 
     return cli.run(args)
 
 
 def _run_plugins(args: argparse.Namespace) -> int:
     """List loaded plugins and what they contribute."""
-    from .plugin import manager
+    from ..plugin import manager
 
     for name, module in manager.loaded_plugins():
         print(f"{name:24s} {module}")
@@ -53,18 +53,18 @@ def _run_plugins(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from .examples import demo
+    from ..examples import demo
 
     return demo.main()
 
 
 def add_kernel_commands(subparsers: argparse._SubParsersAction) -> None:
     """The kernel's own subcommands (plugins add theirs through the same hook's signature)."""
-    from . import report_cli
-    from .spmd.redistribution import cli as reshard_cli
+    from ..spmd.redistribution import cli as reshard_cli
+    from . import report
 
     _add(subparsers, "report", "partition a function or StableHLO file, print the report",
-         report_cli.add_arguments, _run_report, report_cli.__doc__)
+         report.add_arguments, _run_report, report.__doc__)
     _add(subparsers, "reshard-plan", "print a redistribution plan", reshard_cli.add_arguments,
          _run_reshard_plan, reshard_cli.__doc__)
     _add(subparsers, "plugins", "list loaded plugins", None, _run_plugins)
@@ -73,7 +73,7 @@ def add_kernel_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .plugin import manager
+    from ..plugin import manager
 
     parser = argparse.ArgumentParser(prog="partir", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

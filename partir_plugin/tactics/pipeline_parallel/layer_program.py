@@ -37,8 +37,8 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from ...errors import PartitionError
 from . import microbatch_rng
-from .errors import PartitionError
 
 SENTINELS = (1009, 1013, 1019, 1021)  # microbatch sizes for tracing that no real shape has
 

@@ -1,18 +1,21 @@
-"""What an automatic-partitioning searcher is given and returns (DESIGN.md §2.6): its budget
-and its result. Kernel types, so `AutomaticPartition` checks a budget before any searcher
-plugin is loaded, and searchers from any plugin report the same way."""
+"""AutomaticPartition: a searcher plugin chooses the tile/atomic actions (paper 1 §3, §7.3.1),
+and what a searcher is given and returns (DESIGN.md §2.6): its budget and its result. Kernel
+types, so `AutomaticPartition` checks a budget before any searcher plugin is loaded, and
+searchers from any plugin report the same way."""
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .errors import PartitionError
+from ..errors import PartitionError
+from .base import Tactic
 
 if TYPE_CHECKING:
-    from .core.actions import TacticContext
+    from ..core.actions import TacticContext
 
 
 @dataclass
@@ -215,3 +218,53 @@ class SearchResult:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
+
+
+@dataclass
+class AutomaticPartition(Tactic):
+    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1).
+
+    The budget: `budget=200` or `iterations=200` (search iterations), `seconds=30` (wall
+    time), or `budget=Budget(iterations=..., seconds=...)`; with both limits the search stops
+    at the first reached. Nothing given: the searcher's default iteration count.
+    """
+
+    axes: list[str]
+    budget: Budget | int | None = None
+    searcher: str | None = None  # None: the one `partir_default_searcher` names (beam)
+    name: str | None = None
+    options: dict = field(default_factory=dict)
+    iterations: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self):
+        if isinstance(self.axes, str):
+            self.axes = [self.axes]
+        if self.name is None:
+            self.name = "Auto(" + ",".join(self.axes) + ")"
+        if self.iterations is not None or self.seconds is not None:
+            if self.budget is not None:
+                raise PartitionError("give budget= or iterations=/seconds=, not both")
+            self.budget = Budget(self.iterations, self.seconds)
+        elif self.budget is not None:
+            self.budget = Budget.parse(self.budget)  # checked now, not when the schedule runs
+
+    def apply(self, ctx: TacticContext) -> None:
+        from ..plugin.manager import default_searcher_name, searchers
+
+        available = searchers()
+        name = self.searcher if self.searcher is not None else default_searcher_name()
+        if name not in available:
+            raise PartitionError(f"no automatic-partitioning searcher {name!r} is "
+                                 f"installed (available: {sorted(available) or 'none'})")
+        for axis in self.axes:
+            ctx.mesh.check_axis(axis)
+        result = available[name](budget=self.budget, **self.options).search(ctx, self.axes)
+        # The programs a search evaluated, and the searcher, are garbage now (cyclic IR). The
+        # schedule pauses the collector and tenures what it allocated (`gc_paused`), which
+        # would keep them until the interpreter's next full collection: collect them now.
+        gc.collect()
+        if isinstance(result, SearchResult):
+            result.tactic = self.name
+            result.searcher = result.searcher or name
+            ctx.search = result

@@ -1,27 +1,18 @@
-"""Tactics: ManualPartition, AutomaticPartition and the selector constants (paper 1 §3).
-
-A tactic is any object with a `name` and `apply(ctx)` that issues actions on a
-`TacticContext`; `propagate` runs after it. A tactic may also have `reserve(state)`, called
-for every tactic before the schedule runs (ManualPartition reserves the tags it decides),
-`finish(state)`, called after the whole schedule (PP checks that data parallelism reached its
-microbatches), and `trace_hook(mesh)`, a context manager entered while the step is traced (PP
-substitutes the layer loop).
-Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects.
-"""
+"""ManualPartition and its selector constants: the user's own tile/atomic decisions (paper 1
+§3). Presets (BP, MP, Z2, Z3, ...) are plugins that build these objects."""
 
 from __future__ import annotations
 
 import enum
-import gc
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.actions import Leaf, TacticContext
-from .core.state import PartitionState
-from .errors import PartitionError
-from .search import Budget, SearchResult
+from ..core.actions import Leaf, TacticContext
+from ..core.state import PartitionState
+from ..errors import PartitionError
+from .base import Tactic
 
 
 class PartitionWarning(UserWarning):
@@ -66,7 +57,7 @@ def _path_parts(path: str) -> list[str]:
 
 
 @dataclass
-class ManualPartition:
+class ManualPartition(Tactic):
     """Tile argument leaves on `axis` as `inputs` says (DESIGN.md §3).
 
     `inputs` maps argument names to selectors: an int dimension, `REPLICATED`,
@@ -194,80 +185,3 @@ def _has_rule(selector: Selector) -> bool:
     if isinstance(selector, dict):
         return any(_has_rule(s) for s in selector.values())
     return callable(selector) and not isinstance(selector, _Selector)
-
-
-@dataclass
-class AutomaticPartition:
-    """Let a searcher plugin choose `tile`/`atomic` actions on `axes` (paper 1 §3, §7.3.1).
-
-    The budget: `budget=200` or `iterations=200` (search iterations), `seconds=30` (wall
-    time), or `budget=Budget(iterations=..., seconds=...)`; with both limits the search stops
-    at the first reached. Nothing given: the searcher's default iteration count.
-    """
-
-    axes: list[str]
-    budget: Budget | int | None = None
-    searcher: str | None = None  # None: the one `partir_default_searcher` names (beam)
-    name: str | None = None
-    options: dict = field(default_factory=dict)
-    iterations: int | None = None
-    seconds: float | None = None
-
-    def __post_init__(self):
-        if isinstance(self.axes, str):
-            self.axes = [self.axes]
-        if self.name is None:
-            self.name = "Auto(" + ",".join(self.axes) + ")"
-        if self.iterations is not None or self.seconds is not None:
-            if self.budget is not None:
-                raise PartitionError("give budget= or iterations=/seconds=, not both")
-            self.budget = Budget(self.iterations, self.seconds)
-        elif self.budget is not None:
-            self.budget = Budget.parse(self.budget)  # checked now, not when the schedule runs
-
-    def apply(self, ctx: TacticContext) -> None:
-        from .plugin.manager import default_searcher_name, searchers
-
-        available = searchers()
-        name = self.searcher if self.searcher is not None else default_searcher_name()
-        if name not in available:
-            raise PartitionError(f"no automatic-partitioning searcher {name!r} is "
-                                 f"installed (available: {sorted(available) or 'none'})")
-        for axis in self.axes:
-            ctx.mesh.check_axis(axis)
-        result = available[name](budget=self.budget, **self.options).search(ctx, self.axes)
-        # The programs a search evaluated, and the searcher, are garbage now (cyclic IR). The
-        # schedule pauses the collector and tenures what it allocated (`gc_paused`), which
-        # would keep them until the interpreter's next full collection: collect them now.
-        gc.collect()
-        if isinstance(result, SearchResult):
-            result.tactic = self.name
-            result.searcher = result.searcher or name
-            ctx.search = result
-
-
-def tactic(preset: str, /, *args: Any, **kwargs: Any) -> Any:
-    """A preset tactic contributed by a plugin, e.g. `tactic("BP", axis="batch")` or
-    `tactic("MP", rule, axis="model")`; further arguments (including `name`, the report's
-    label) go to the preset's factory, and a wrong one is reported against its signature."""
-    import inspect
-
-    from .plugin.manager import tactic_factories
-
-    factories = tactic_factories()
-    if preset not in factories:
-        raise PartitionError(f"no tactic preset {preset!r} (available: {sorted(factories)})")
-    factory = factories[preset]
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return factory(*args, **kwargs)
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"partir_plugin.tactic({preset!r}, ...): {e}; the preset's "
-                        f"parameters are {preset}{signature}") from None
-    return factory(*args, **kwargs)
-
-
-Tactic = Callable[[TacticContext], None] | ManualPartition | AutomaticPartition

@@ -27,15 +27,16 @@ import importlib
 import json
 import runpy
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import PartitionError
-from .plugin.manager import default_hardware_name
-from .report.metadata import Metadata
-from .report.tactic_report import BASELINE, TacticReport
-from .report.text import GroupBy
+from ..errors import PartitionError
+from ..frontend.trace import ArgumentNamesError, Traced
+from ..options import PartitionOptions
+from ..report.metadata import Metadata
+from ..report.text import GroupBy
+from ..stages import report, report_for_function
+from ..tactics.base import as_tactic
 
 
 class ReportInputError(ValueError):
@@ -110,13 +111,13 @@ def load_object(spec: str, what: str) -> Any:
 
 
 def _selector(value: Any, where: str) -> Any:
-    from . import tactics
+    from ..tactics import manual
 
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     if isinstance(value, str):
-        named = {"REPLICATED": tactics.REPLICATED, "FIRST_DIVISIBLE_DIM":
-                 tactics.FIRST_DIVISIBLE_DIM, "UNKNOWN": tactics.UNKNOWN}
+        named = {"REPLICATED": manual.REPLICATED, "FIRST_DIVISIBLE_DIM":
+                 manual.FIRST_DIVISIBLE_DIM, "UNKNOWN": manual.UNKNOWN}
         if value.upper() in named:
             return named[value.upper()]
     if isinstance(value, dict):
@@ -128,8 +129,8 @@ def _selector(value: Any, where: str) -> Any:
 
 def _preset(i: int, name: str, kwargs: dict) -> Any:
     """A preset tactic named in a JSON schedule (`"BP"`, `{"preset": "MP", ...}`)."""
-    from .plugin.manager import tactic_factories
-    from .tactics import tactic
+    from ..plugin.manager import tactic_factories
+    from ..tactics import tactic
 
     presets = tactic_factories()
     if name not in presets:
@@ -149,7 +150,7 @@ def schedule_from_json(data: Any) -> list:
     preset's keyword arguments), or `{"name": "Z3", "axis": "batch"}` without `inputs` when
     the name is a preset's. Anything else without `inputs` is rejected, never run as nothing.
     """
-    from .tactics import ManualPartition
+    from ..tactics.manual import ManualPartition
 
     if not isinstance(data, list):
         raise ReportInputError("schedule: the JSON schedule must be a list of tactics")
@@ -205,10 +206,12 @@ def load_schedule(args: argparse.Namespace) -> list:
             raise ReportInputError(f"--schedule: `schedule` in {path} must be a list, got "
                                    f"{type(schedule).__name__}")
         for i, t in enumerate(schedule):
-            if not (hasattr(t, "apply") or callable(t)):
+            try:
+                as_tactic(t)
+            except PartitionError:
                 raise ReportInputError(f"--schedule: entry {i} of `schedule` is not a tactic "
                                        f"(ManualPartition, AutomaticPartition or a callable): "
-                                       f"{t!r}")
+                                       f"{t!r}") from None
         return list(schedule)
     if args.schedule_json:
         text = args.schedule_json
@@ -222,91 +225,20 @@ def load_schedule(args: argparse.Namespace) -> list:
     return []
 
 
-# --- building the report -------------------------------------------------------------------
-
-def build_metadata(load: Callable[[Sequence], tuple], mesh, schedule: Sequence, hardware=None,
-                   *, baseline: bool = True) -> Metadata:
-    """Partition what `load(schedule)` returns (`(func, leaves, arg_names, unflatten)`, fresh
-    on every call; traced for `schedule`, whose trace hooks may change the program, as PP's
-    does) with `schedule` and return the filled Metadata. With `baseline`, the first row is the
-    unpartitioned program (`load([])`). `unflatten(specs)` rebuilds the arguments' structure or
-    is None."""
-    from .core.mesh import Mesh
-    from .pipeline import apply_schedule, tactic_report
-
-    mesh = Mesh.of(mesh)
-    reports: list[TacticReport] = []
-    if baseline:
-        func, leaves, names, _ = load([])
-        base = apply_schedule(func, leaves, mesh, [], hardware=hardware, arg_names=names)
-        reports.append(tactic_report(BASELINE, base.program, base.state, hardware))
-    func, leaves, names, unflatten = load(list(schedule))
-    part = apply_schedule(func, leaves, mesh, list(schedule), hardware=hardware, arg_names=names)
-    reports.extend(part.reports)
-    in_specs = [lay.spec() for lay in part.program.in_layouts]
-    out_specs = [lay.spec() for lay in part.program.out_layouts]
-    if unflatten is not None:
-        in_shardings, out_shardings = unflatten(in_specs, out_specs)
-    else:
-        in_shardings = {lf.qualified: s for lf, s in zip(leaves, in_specs)}
-        out_shardings = out_specs
-    return Metadata().fill(reports, mesh.shape, hardware or default_hardware_name(),
-                           in_shardings, out_shardings, part.program.text())
-
-
-def report_for_function(fn, args: tuple, mesh, schedule: Sequence, hardware=None, *,
-                        baseline: bool = True) -> Metadata:
-    """Trace `fn` on `args` (arrays or ShapeDtypeStructs) and partition it; nothing runs.
-    The trace is `partir.jit`'s: with the schedule's trace hooks (PP's layer loop)."""
-    import jax
-
-    from .core.mesh import Mesh
-    from .pipeline import trace, trace_hooks
-
-    def load(schedule):
-        t = trace(fn, tuple(args), trace_hooks(schedule, Mesh.of(mesh)))
-
-        def unflatten(in_specs, out_specs):
-            ins = jax.tree_util.tree_unflatten(t.in_tree, in_specs)[0]
-            outs = jax.tree_util.tree_unflatten(t.out_tree, out_specs)
-            return ins, outs
-
-        return t.func, t.leaves, t.arg_names, unflatten
-
-    return build_metadata(load, mesh, schedule, hardware, baseline=baseline)
-
-
-def report_for_stablehlo(source: str | bytes, mesh, schedule: Sequence, hardware=None, *,
-                         arg_names: Sequence[str] | None = None, entry: str = "main",
-                         baseline: bool = True) -> Metadata:
-    """Import a StableHLO module's `entry` and partition it; arguments are named `arg_names`
-    (default arg0, arg1, ...)."""
-    from .core.actions import Leaf
-    from .ir.importer import import_stablehlo
-
-    def load(_schedule):
-        try:
-            func = import_stablehlo(source, entry)
-        except ValueError as e:
-            raise ReportInputError(f"--stablehlo: {e}") from None
-        names = list(arg_names) if arg_names is not None else [
-            f"arg{i}" for i in range(len(func.args))]
-        if len(names) != len(func.args):
-            raise ReportInputError(f"--arg-names: @{entry} has {len(func.args)} arguments but "
-                                   f"{len(names)} names were given ({','.join(names)})")
-        if len(set(names)) != len(names):
-            raise ReportInputError(f"--arg-names: names must be distinct, got {names}")
-        func.arg_names = list(names)
-        return func, [Leaf(n, "", v) for n, v in zip(names, func.args)], names, None
-
-    return build_metadata(load, mesh, schedule, hardware, baseline=baseline)
+def _stablehlo(source: str | bytes, entry: str, names: list[str] | None) -> Traced:
+    try:
+        return Traced.from_stablehlo(source, entry, names)
+    except ArgumentNamesError as e:
+        raise ReportInputError(f"--arg-names: {e}") from None
+    except ValueError as e:
+        raise ReportInputError(f"--stablehlo: {e}") from None
 
 
 def _resolve_hardware(name: str | None):
     """The spec for `--hardware` (None: the plugins' default; still None when no hardware
     plugin is installed, and the report has no estimates)."""
-    from .errors import UnknownNameError
-    from .plugin.resolve import resolve_hardware_option
+    from ..errors import UnknownNameError
+    from ..plugin.resolve import resolve_hardware_option
 
     try:
         return resolve_hardware_option(name)
@@ -318,14 +250,14 @@ def _metadata_from_args(args: argparse.Namespace) -> Metadata:
     if bool(args.function) == bool(args.stablehlo):
         raise ReportInputError("give either --function MODULE:FUNCTION (with --args) or "
                                "--stablehlo FILE")
-    from .core.mesh import parse_mesh
+    from ..core.mesh import parse_mesh
 
     try:
         mesh = parse_mesh(args.mesh)
     except PartitionError as e:
         raise ReportInputError(str(e)) from None
     schedule = load_schedule(args)
-    hardware = _resolve_hardware(args.hardware)
+    options = PartitionOptions(hardware=_resolve_hardware(args.hardware))
     baseline = not args.no_baseline
     if args.stablehlo:
         if args.args:
@@ -339,8 +271,8 @@ def _metadata_from_args(args: argparse.Namespace) -> Metadata:
         except UnicodeDecodeError:
             source = data  # bytecode
         names = [n.strip() for n in args.arg_names.split(",")] if args.arg_names else None
-        return report_for_stablehlo(source, mesh, schedule, hardware, arg_names=names,
-                                    entry=args.entry, baseline=baseline)
+        return report(lambda _schedule: _stablehlo(source, args.entry, names), mesh, schedule,
+                      options, baseline=baseline)
     if args.arg_names:
         raise ReportInputError("--arg-names goes with --stablehlo; a function's arguments are "
                                "named by its signature")
@@ -355,7 +287,8 @@ def _metadata_from_args(args: argparse.Namespace) -> Metadata:
     if not isinstance(example, (tuple, list)):
         raise ReportInputError(f"--args: {args.args} must return a tuple of example arguments, "
                                f"got {type(example).__name__}")
-    return report_for_function(fn, tuple(example), mesh, schedule, hardware, baseline=baseline)
+    return report_for_function(fn, tuple(example), mesh, schedule, options,
+                               baseline=baseline)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""The `partir` command line (`main`) and the kernel's own subcommands beside it."""

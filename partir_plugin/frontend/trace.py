@@ -1,0 +1,143 @@
+"""The first stage: a jax function traced (or a StableHLO module read) into our IR, with every
+argument leaf named (DESIGN.md §3), ready to partition (`stages.partition`).
+
+Tracing is where a tactic may change the program (PP substitutes the layer loop): each
+tactic's `trace_hook` is entered around jax's trace, and what it gives is the tactic that runs
+on this trace (`Traced.tactic_for`), so what one trace found never leaks into another's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.actions import Leaf
+from ..errors import PartitionError
+from ..ir.graph import Func
+from ..ir.importer import import_lowered, import_stablehlo
+from ..tactics.base import Tactic, as_tactic
+
+
+def key_path_str(path) -> str:
+    """A jax key path as "a/b/0" (DESIGN.md §3)."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def argument_names(fn, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
+                                                   params[i].POSITIONAL_OR_KEYWORD):
+            names.append(params[i].name)
+        else:
+            names.append(f"arg{i}")
+    return names
+
+
+class ArgumentNamesError(ValueError):
+    """Names given for a StableHLO entry's arguments that do not fit it."""
+
+
+@dataclass
+class Traced:
+    """The logical program and its arguments' names. `in_tree`, `out_tree` and `out_avals`
+    are jax's (None for a StableHLO module); `hooked` pairs each schedule entry whose trace
+    hook ran with the tactic that runs on this trace."""
+
+    func: Func
+    leaves: list[Leaf]
+    arg_names: list[str]
+    in_tree: Any
+    out_tree: Any
+    out_avals: list
+    out_names: list[str] | None = None  # each output leaf as "output <path>"
+    hooked: list[tuple[Any, Tactic]] = field(default_factory=list)
+
+    def tactic_for(self, entry: Any) -> Tactic:
+        """The tactic that runs `entry` (a schedule entry) on this trace: what its trace
+        hook gave, or the entry itself where it had none or was not traced with."""
+        for traced_with, run in self.hooked:
+            if traced_with is entry:
+                return run
+        return as_tactic(entry)
+
+    @classmethod
+    def from_stablehlo(cls, source: str | bytes, entry: str = "main",
+                       arg_names: Sequence[str] | None = None) -> Traced:
+        """A StableHLO module's `entry` (text or bytecode), its arguments named `arg_names`
+        (default arg0, arg1, ...). No jax trace: no tactic's trace hook runs."""
+        func = import_stablehlo(source, entry)
+        names = list(arg_names) if arg_names is not None else [
+            f"arg{i}" for i in range(len(func.args))]
+        if len(names) != len(func.args):
+            raise ArgumentNamesError(f"@{entry} has {len(func.args)} arguments but "
+                                     f"{len(names)} names were given ({','.join(names)})")
+        if len(set(names)) != len(names):
+            raise ArgumentNamesError(f"names must be distinct, got {names}")
+        func.arg_names = list(names)
+        return cls(func, [Leaf(n, "", v) for n, v in zip(names, func.args)], names,
+                   None, None, [])
+
+
+def aval_key(x) -> tuple:
+    """What a partitioned program is specialised on, per argument leaf (an array, a tracer,
+    a Python scalar or a ShapeDtypeStruct): shape, dtype and weak type, as jax.jit traces it."""
+    import jax
+
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    return (tuple(aval.shape), aval.dtype, aval.weak_type)
+
+
+def trace(fn, args: tuple, schedule: Sequence = (), mesh=None) -> Traced:
+    """Lower `fn` with jax (no sharding: partitioning starts from the logical program,
+    whatever sharding an argument carries) and import it; name every argument leaf.
+
+    The trace hooks of `schedule`'s tactics (for `mesh`) are entered around jax's trace;
+    with any, a fresh wrapper is traced, so a trace jax cached without them is not reused."""
+    import jax
+
+    def abstract(x):
+        shape, dtype, weak = aval_key(x)
+        return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
+    names = argument_names(fn, len(args))
+    abstract = jax.tree_util.tree_map(abstract, args)
+    hooks = [(entry, hook) for entry in schedule
+             if (hook := as_tactic(entry).trace_hook(mesh)) is not None]
+    with contextlib.ExitStack() as stack:
+        hooked = [(entry, stack.enter_context(hook)) for entry, hook in hooks]
+        traced_fn = (lambda *a: fn(*a)) if hooks else fn
+        lowered = jax.jit(traced_fn, keep_unused=True).lower(*abstract)
+    func = import_lowered(lowered)
+    leaves: list[Leaf] = []
+    flat_in = []
+    for name, arg in zip(names, abstract):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            flat_in.append((name, key_path_str(path), leaf))
+    if len(flat_in) != len(func.args):
+        raise PartitionError(f"traced function has {len(func.args)} array arguments but the "
+                             f"arguments have {len(flat_in)} leaves")
+    for (name, path, _), v in zip(flat_in, func.args):
+        leaves.append(Leaf(name, path, v))
+    func.arg_names = [lf.qualified for lf in leaves]
+    out_avals = jax.tree_util.tree_leaves(lowered.out_info)
+    func.result_paths = [key_path_str(path) for path, _ in
+                         jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
+    out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]
+    return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals,
+                  out_names, hooked)
