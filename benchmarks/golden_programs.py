@@ -14,7 +14,8 @@ collective records (`<case>.json`, measured durations removed). Nothing is compi
 arguments are `jax.ShapeDtypeStruct`s; the checkout's path in source locations is written
 `<repo>`, so two checkouts (git worktrees) compare. `--compare` prints the first differing
 line of each case that differs and exits 1 if any does (a snapshot of some `--groups` is
-compared with the files of a full one it covers). About 3 minutes on 2 cores.
+compared with the files of a full one it covers; `--without-locations` leaves the
+programs' source locations out). About 3 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -138,9 +140,20 @@ def snapshot(out: Path, groups: list[str]) -> None:
             print(f"{case}: {len(text.splitlines())} lines", flush=True)
 
 
-def compare(a: Path, b: Path) -> int:
+_LOCATION_REF = re.compile(r"loc\(#loc\d+\)")
+
+
+def _without_locations(lines: list[str]) -> list[str]:
+    """The program's lines without its location definitions and references: jax records
+    the caller's frames above the traced function too, so a move of the driver's own code
+    changes locations and nothing else."""
+    return [_LOCATION_REF.sub("loc(...)", x) for x in lines if not x.startswith("#loc")]
+
+
+def compare(a: Path, b: Path, locations: bool = True) -> int:
     """Every file of `b` against its namesake in `a` (a snapshot of some groups is compared
-    with the part of a full one it covers)."""
+    with the part of a full one it covers); `locations=False` leaves programs' source
+    locations out."""
     names = sorted(p.name for p in b.iterdir())
     differing = 0
     for name in names:
@@ -150,6 +163,8 @@ def compare(a: Path, b: Path) -> int:
             differing += 1
             continue
         la, lb = pa.read_text().splitlines(), pb.read_text().splitlines()
+        if not locations and name.endswith(".mlir"):
+            la, lb = _without_locations(la), _without_locations(lb)
         if la == lb:
             continue
         differing += 1
@@ -166,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the snapshot to this directory")
     parser.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=list(GROUPS))
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--without-locations", action="store_true",
+                        help="compare programs without their source locations")
     args = parser.parse_args(argv)
     if args.compare:
-        return compare(*args.compare)
+        return compare(*args.compare, locations=not args.without_locations)
     if args.out is None:
         parser.error("give --out DIR or --compare BEFORE AFTER")
     snapshot(args.out, args.groups)
