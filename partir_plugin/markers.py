@@ -18,7 +18,9 @@ def tag(x, name: str):
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"partir_plugin.tag supports floating-point values, got {x.dtype}")
     info = jnp.finfo(x.dtype)
-    with jax.named_scope(f"partir_tag[{name}]"):
+    from .ir.dialect import tag_scope
+
+    with jax.named_scope(tag_scope(name)):
         return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
@@ -39,7 +41,7 @@ def _roll_composite(x, shift: int, axis: int):
     import jax
     import jax.numpy as jnp
 
-    from .ir.importer import ROLL_OP
+    from .ir.dialect import ROLL_OP
 
     # A composite keeps the roll one op through jax's lowering (the importer keeps it whole);
     # its decomposition is what runs where nothing partitions it.
@@ -108,7 +110,7 @@ def _make_interleave():
 
     import jax
 
-    from .ir.importer import INTERLEAVE_OP
+    from .ir.dialect import INTERLEAVE_OP
 
     def composite(x, repeats, stages, inverse):
         op = jax.lax.composite(lambda v, *, repeats, stages, inverse: interleaved_order(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import heapq
 
-from ..ir.graph import PARTITIONED_REGIONS, TERMINATORS, Op, Value, partitionable_ops
+from ..ir.graph import Op, Value, partitionable_ops
+from ..ir.opsets import PARTITIONED_REGIONS, TERMINATORS
 from .resolution import resolve
 from .splitting import Piece, result_tiles, split_loops
 from .state import PartitionState

@@ -19,9 +19,9 @@ from ..errors import PartitionError
 from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
 from .mesh import Mesh
 from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
+from .rules.halo import HaloEntry
 from .subaxis import is_sub_axis, parent_of
 from .tmr import Sum, TileMappingRegistry, TMREntry
-from .windows import HaloEntry
 
 
 @dataclass(frozen=True)

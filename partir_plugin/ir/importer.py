@@ -8,28 +8,18 @@ ops.
 
 from __future__ import annotations
 
-import re
-
 from jaxlib.mlir import ir, passmanager
 
+from .dialect import KEPT_COMPOSITES, TAG_OP, tag_name
 from .graph import Block, Func, Op, Region, Value, gc_paused, walk
 from .locations import location_name
+from .opsets import WINDOWED_OPS
 from .padded_scatter import fuse_padded_scatters
 from .types import TensorType
 from .window_padding import fold_window_padding
 
 _RULE_ATTR = "sdy.sharding_rule"
-_TAG = re.compile(r"partir_tag\[([^\]]+)\]")
 _IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an identity)
-# The composite `partir_plugin.roll` lowers to: imported as one op of this name (attributes
-# `shift`, `axis`), which the lowering turns into collective_permutes where the axis is tiled.
-ROLL_OP = "partir.roll"
-# The composite `partir_plugin.markers.interleave` lowers to (attributes `repeats`, `stages`,
-# `inverse`): the circular pipeline's layer order, chunks moved by collective_permutes.
-INTERLEAVE_OP = "partir.interleave"
-# Composites kept whole, with the attributes they keep.
-KEPT_COMPOSITES = {ROLL_OP: ("shift", "axis"), INTERLEAVE_OP: ("repeats", "stages", "inverse")}
 
 
 def make_context() -> ir.Context:
@@ -166,7 +156,7 @@ class _Importer:
             results = op.results
             self.scatters |= name == "stablehlo.select_and_scatter"
             self.pads |= name == "stablehlo.pad"
-            self.windows |= name in ("stablehlo.convolution", "stablehlo.reduce_window")
+            self.windows |= name in WINDOWED_OPS
             new = Op(name, [env[v] for v in op.operands],
                      [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule
@@ -174,10 +164,10 @@ class _Importer:
             # context lives as long as the location object).
             new.mlir_location = self._location(op)
             if name == TAG_OP:
-                t = _TAG.search(location_name(new.mlir_location) or "")
+                t = tag_name(location_name(new.mlir_location))
                 if t:
-                    new.results[0].tag = t.group(1)
-                    self.tags.setdefault(t.group(1), []).append(new.results[0])
+                    new.results[0].tag = t
+                    self.tags.setdefault(t, []).append(new.results[0])
             if regions:
                 new.captures = _captures(new)
             for r, v in zip(results, new.results):

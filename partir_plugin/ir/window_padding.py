@@ -4,7 +4,7 @@ Code written as `conv(jnp.pad(x), VALID)` (a causal convolution, PyTorch's `F.pa
 image with zeros before a convolution that pads nothing; its gradient crops the input
 gradient with a negative pad. A pad shifts every tile of a tiled dimension, so either would
 gather a spatially tiled image, where the same convolution written with `padding=` exchanges
-halos (core/windows.py). Both fold exactly:
+halos (core/rules/halo.py). Both fold exactly:
 - `conv(pad(x, 0))`: the pad's edges on the image's spatial dimensions become the
   convolution's padding (zeros either way), for every convolution reading the pad (the
   forward pass and the weight gradient); the pad goes when nothing else reads it;

@@ -1,4 +1,4 @@
-"""Halo exchange: the lowering of a `HaloEntry` (core/windows.py).
+"""Halo exchange: the lowering of a `HaloEntry` (core/rules/halo.py).
 
 Device j of k along the tiling axes holds rows `[j·n, (j+1)·n)` of a windowed op's input and
 computes its own output rows (n = ceil(size/k): a padded tile's padding is first set to the
@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-from ..core.windows import (
+from ..core.rules.halo import (
     Halo,
     HaloEntry,
     HaloRows,
