@@ -108,13 +108,12 @@ class Halo:
 @dataclass(frozen=True)
 class ScatterHalo:
     """The window geometry of one spatial dimension of a padded select_and_scatter (a
-    max-pool's gradient, ir/padded_scatter.py): image `x` of `size` rows padded by `lo` before,
-    source (the pool's output gradient) of `out` rows, one per window of `window` rows moved
-    by `stride`. Output-driven like the pool: the result has the image's rows, tiled with it,
-    and the source is tiled alike (`ceil(out/k)·stride == ceil(size/k)`, padded tiles
-    included: `fits`). Device j computes the windows that
-    touch its rows, so it reads the source rows of those windows and every image row they
-    cover: halos of both, each one `HaloRows` (`lo`/`hi` unused: the extended image carries
+    max-pool's gradient, ir/passes/padded_scatter.py): image `x` of `size` rows padded by
+    `lo` before, source (the pool's output gradient) of `out` rows, one per window of `window`
+    rows moved by `stride`. Output-driven like the pool: the result has the image's rows,
+    tiled with it, and the source is tiled alike (`ceil(out/k)·stride == ceil(size/k)`,
+    padded tiles included: `fits`). Device j computes the windows that touch its rows, so it
+    reads the source rows of those windows and every image row they cover: halos of both, each one `HaloRows` (`lo`/`hi` unused: the extended image carries
     the pad value itself).
     """
 

@@ -20,13 +20,28 @@ halos (core/rules/halo.py). Both fold exactly:
 from __future__ import annotations
 
 import re
+from collections.abc import Set
+from dataclasses import dataclass
 
-from .attributes import format_padding, i64_array, parse_i64_array, parse_padding
-from .graph import Func, Op, Value, blocks, use_counts
+from ..attributes import format_padding, i64_array, parse_i64_array, parse_padding
+from ..graph import Func, Op, Value, blocks, use_counts
+from ..opsets import WINDOWED_OPS
+from .pipeline import FuncPass
 
 CONV = "stablehlo.convolution"
 PAD = "stablehlo.pad"
 REDUCE_WINDOW = "stablehlo.reduce_window"
+
+
+@dataclass(frozen=True)
+class FoldWindowPadding(FuncPass):
+    name = "fold-window-padding"
+
+    def wanted(self, seen: Set[str]) -> bool:
+        return PAD in seen and not WINDOWED_OPS.isdisjoint(seen)
+
+    def apply(self, func: Func) -> None:
+        fold_window_padding(func)
 
 
 def fold_window_padding(func: Func) -> int:
