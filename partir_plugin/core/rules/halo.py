@@ -113,8 +113,8 @@ class ScatterHalo:
     rows moved by `stride`. Output-driven like the pool: the result has the image's rows,
     tiled with it, and the source is tiled alike (`ceil(out/k)·stride == ceil(size/k)`,
     padded tiles included: `fits`). Device j computes the windows that touch its rows, so it
-    reads the source rows of those windows and every image row they cover: halos of both, each one `HaloRows` (`lo`/`hi` unused: the extended image carries
-    the pad value itself).
+    reads the source rows of those windows and every image row they cover: halos of both,
+    each one `HaloRows` (`lo`/`hi` unused: the extended image carries the pad value itself).
     """
 
     dim: int
