@@ -256,6 +256,8 @@ class PartitionState:
 
     def _overlapping_axes(self, axis: str) -> tuple[str, ...]:
         """`axis`, the axis it is a part of, and the parts of it some value or loop uses."""
+        if not self._sub_axes and ":" not in axis:
+            return (axis,)  # no sub-axes in play (what propagation asks nearly always)
         parent = parent_of(axis)
         parts = tuple(s for s in self._sub_axes if s != axis and self.mesh.overlaps(s, axis))
         return (axis, *((parent,) if parent != axis else ()), *parts)

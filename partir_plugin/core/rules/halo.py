@@ -335,8 +335,16 @@ def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
     return out
 
 
+def grouped_convolution(op: Op) -> bool:
+    """Grouped or batch-grouped convolutions tie feature tiles to groups: not plain tiling
+    (no entry at all, halo or Shardy's)."""
+    return op.name == "stablehlo.convolution" and any(
+        not op.attributes.get(k, "1 : i64").startswith("1 ")
+        for k in ("feature_group_count", "batch_group_count"))
+
+
 def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:
     """The provider: a windowed op's entries (Shardy's) with the halo entries they lack."""
-    if found is None or op.name not in WINDOWED_OPS:
+    if found is None or op.name not in WINDOWED_OPS or grouped_convolution(op):
         return found
     return [*found, *halo_entries(op, found)]

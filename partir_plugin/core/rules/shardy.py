@@ -22,7 +22,7 @@ from ...ir.attributes import parse_array
 from ...ir.graph import Op
 from ...ir.opsets import UNHALOED_OPS, Reduction
 from ..tmr import OWN_REDUCER, Sum, TMREntry
-from .halo import windowed_dims
+from .halo import grouped_convolution, windowed_dims
 from .reductions import reduce_kind, scatter_kind, variadic
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
@@ -95,12 +95,6 @@ def _indexed_operand_dims(op: Op) -> set[int]:
     return {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
 
 
-def _grouped_convolution(op: Op) -> bool:
-    """Grouped or batch-grouped convolutions tie feature tiles to groups: not plain tiling."""
-    return any(not op.attributes.get(k, "1 : i64").startswith("1 ")
-               for k in ("feature_group_count", "batch_group_count"))
-
-
 def _window_reduction_halos(op: Op) -> frozenset[int]:
     """The lhs spatial dimensions of a convolution whose window-size factor Shardy marks as a
     reduction but which are not one: tiling them sums products of misaligned rows.
@@ -143,7 +137,7 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     None where it has none we use."""
     if op.name in DENIED or op.rule is None or op.captures:
         return None
-    if op.name == "stablehlo.convolution" and _grouped_convolution(op):
+    if grouped_convolution(op):
         return []
     if op.name == "stablehlo.reduce":
         reduction = reduce_kind(op) or (OWN_REDUCER if variadic(op) else None)
