@@ -7,19 +7,17 @@ from __future__ import annotations
 
 
 def tag(x, name: str):
-    """Name an intermediate value so tactics can address it (paper 1 §8).
-
-    An identity in the program (a `reduce_precision` to the value's own precision inside the
-    named scope `partir_tag[name]`), so `jax.jit(fn)` runs the same function unchanged.
-    """
+    """Name an intermediate value so tactics can address it (paper 1 §8): an identity in the
+    program (a `reduce_precision` to the value's own precision inside the named scope
+    `ir.dialect.tag_scope(name)`), so `jax.jit(fn)` runs the same function unchanged."""
     import jax
     import jax.numpy as jnp
+
+    from .ir.dialect import tag_scope
 
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"partir_plugin.tag supports floating-point values, got {x.dtype}")
     info = jnp.finfo(x.dtype)
-    from .ir.dialect import tag_scope
-
     with jax.named_scope(tag_scope(name)):
         return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
