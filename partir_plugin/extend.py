@@ -31,13 +31,14 @@ What is here, by the hook that needs it:
 from __future__ import annotations
 
 from .core.actions import Leaf, TacticContext
-from .core.gather import lookup_dim
 from .core.mesh import Mesh, parse_mesh
 from .core.propagation import propagate
-from .core.shardy_rules import entries_from_shardy, splat_value
+from .core.rules.embedding import lookup_dim
+from .core.rules.halo import padded_scatter_entries
+from .core.rules.reductions import splat_value
+from .core.rules.shardy import entries_from_shardy
 from .core.state import PartitionState
 from .core.tmr import OWN_REDUCER, Sum, TileMappingRegistry, TMREntry
-from .core.windows import padded_scatter_entries
 from .cost import (
     CollectiveCost,
     HardwareSpec,
@@ -47,8 +48,8 @@ from .cost import (
     TimelineEvent,
 )
 from .errors import PartitionError, PluginError, UnknownNameError
+from .ir.dialect import PADDED_SCATTER_OP
 from .ir.graph import Block, Func, Op, Region, Value
-from .ir.padded_scatter import PADDED_SCATTER_OP
 from .ir.types import TensorType
 from .plugin.hookspecs import Override, hookimpl, override
 from .plugin.resolve import resolve_hardware, resolve_simulator, simulate

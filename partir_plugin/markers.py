@@ -7,18 +7,18 @@ from __future__ import annotations
 
 
 def tag(x, name: str):
-    """Name an intermediate value so tactics can address it (paper 1 §8).
-
-    An identity in the program (a `reduce_precision` to the value's own precision inside the
-    named scope `partir_tag[name]`), so `jax.jit(fn)` runs the same function unchanged.
-    """
+    """Name an intermediate value so tactics can address it (paper 1 §8): an identity in the
+    program (a `reduce_precision` to the value's own precision inside the named scope
+    `ir.dialect.tag_scope(name)`), so `jax.jit(fn)` runs the same function unchanged."""
     import jax
     import jax.numpy as jnp
+
+    from .ir.dialect import tag_scope
 
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"partir_plugin.tag supports floating-point values, got {x.dtype}")
     info = jnp.finfo(x.dtype)
-    with jax.named_scope(f"partir_tag[{name}]"):
+    with jax.named_scope(tag_scope(name)):
         return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
@@ -39,7 +39,7 @@ def _roll_composite(x, shift: int, axis: int):
     import jax
     import jax.numpy as jnp
 
-    from .ir.importer import ROLL_OP
+    from .ir.dialect import ROLL_OP
 
     # A composite keeps the roll one op through jax's lowering (the importer keeps it whole);
     # its decomposition is what runs where nothing partitions it.
@@ -108,7 +108,7 @@ def _make_interleave():
 
     import jax
 
-    from .ir.importer import INTERLEAVE_OP
+    from .ir.dialect import INTERLEAVE_OP
 
     def composite(x, repeats, stages, inverse):
         op = jax.lax.composite(lambda v, *, repeats, stages, inverse: interleaved_order(

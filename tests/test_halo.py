@@ -15,7 +15,7 @@ from test_jit import hlo_collective_counts
 from test_spatial_tiling import _check_against_jax_jit
 
 import partir_plugin as partir
-from partir_plugin.core.windows import Halo, HaloEntry
+from partir_plugin.core.rules.halo import Halo, HaloEntry
 from partir_plugin.extend import PADDED_SCATTER_OP, verify_entry, verify_registry
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered

@@ -119,3 +119,32 @@ def test_gc_paused_leaves_someone_elses_frozen_objects_frozen():
         assert _generation_of(kept) == 2  # promoted by one middle collection instead
     finally:
         gc.unfreeze()
+
+
+def test_sharding_constraints_are_read_through():
+    """jax's sharding annotations are dropped (`ir/passes/sharding_constraints.py`): each use
+    of one reads its operand, captured by a while body included."""
+    func = import_stablehlo("""
+module {
+  sdy.mesh @mesh = <["x"=2]>
+  func.func @main(%arg0: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xf32>) {
+    %0 = sdy.sharding_constraint %arg0 <@mesh, [{"x"}, {}]> : tensor<8x4xf32>
+    %1 = sdy.sharding_constraint %0 <@mesh, [{}, {"x"}]> : tensor<8x4xf32>
+    %2 = stablehlo.add %1, %arg0 : tensor<8x4xf32>
+    %3 = stablehlo.while(%iterArg = %2) : tensor<8x4xf32>
+     cond {
+      %c = stablehlo.constant dense<true> : tensor<i1>
+      stablehlo.return %c : tensor<i1>
+    } do {
+      %4 = stablehlo.add %iterArg, %1 : tensor<8x4xf32>
+      stablehlo.return %4 : tensor<8x4xf32>
+    }
+    return %3, %1 : tensor<8x4xf32>, tensor<8x4xf32>
+  }
+}
+""")
+    (x,) = func.args
+    add, loop = func.ops
+    assert add.name == "stablehlo.add" and add.operands == [x, x]
+    assert list(loop.captures) == [x]
+    assert func.returns[1] is x

@@ -163,3 +163,75 @@ def test_one_name_tags_every_layer_and_a_callable_selects_tags():
     assert sum(meta.tactics[0].collectives.values()) == 0
     assert out.sharding.spec == jax.sharding.PartitionSpec("M")
     assert meta.device_local_stablehlo.count("tensor<8x16xf32>") >= 3
+
+
+def _state(fn, *shapes, mesh):
+    from partir_plugin.kernel import default_registry
+
+    from partir_plugin.core.mesh import Mesh
+    from partir_plugin.core.state import PartitionState
+    from partir_plugin.ir.importer import import_lowered
+
+    args = [jax.ShapeDtypeStruct(s, np.float32) for s in shapes]
+    func = import_lowered(jax.jit(fn).lower(*args))
+    return PartitionState(func, Mesh.of(mesh), default_registry())
+
+
+def test_an_atomic_result_is_not_tiled_on_a_part_of_its_axis():
+    """A value atomic on `model` stays replicated on `model:(1)2` too, when propagation
+    reaches it as a result (it used to check the exact axis only)."""
+    from partir_plugin.core.propagation import propagate
+
+    state = _state(lambda x: jax.numpy.sin(x) * 2.0, (16, 8), mesh={"model": 4})
+    (x,) = state.func.args
+    sine = next(op for op in state.position if op.name == "stablehlo.sine")
+    state.atomic.add((sine.results[0], "model"))
+    propagate(state, state.tile_value(x, 0, "model:(1)2"))
+    assert state.tiles_of(sine.results[0]) == ()
+    assert "atomic" in state.blocked(sine.results[0], "model:(1)2")
+
+
+def test_an_atomic_while_operand_is_not_tiled_through_its_alias():
+    """The loop-carried value of a while shares one distribution: a body result tiled by
+    propagation would tile the atomic operand it aliases (it used to)."""
+    from partir_plugin.core.propagation import propagate
+
+    def f(a, b):
+        return jax.lax.fori_loop(0, 3, lambda i, c: b * 2.0, a)
+
+    state = _state(f, (16, 8), (16, 8), mesh={"M": 4})
+    a, b = state.func.args
+    state.atomic.add((a, "M"))
+    propagate(state, state.tile_value(b, 0, "M"))
+    assert state.tiles_of(b) == (("M", 0),)
+    assert state.tiles_of(a) == ()
+    assert all(state.tiles_of(m) == () for m in state.aliases[a])
+
+
+def test_a_conflict_a_later_loop_settles_leaves_the_state_not_its_snapshot():
+    """`conflicts` are those remaining: the report row of a tactic lists the conflicts left
+    after it, so a conflict that a later step loops the op through drops out of later rows
+    (it used to stay, still counted and labelled)."""
+    from partir_plugin.core.propagation import propagate
+
+    state = _state(gram, (256, 256), mesh={"M": 8})
+    state.resolve_conflicts = False
+    (x,) = state.func.args
+    propagate(state, state.tile_value(x, 0, "M"))
+    dot = next(op for op in state.position if op.name == "stablehlo.dot_general")
+    assert state.stopped_at(dot, "M") and len(state.conflicts) == 1
+    before = state.copy()
+    state.add_loop(dot, "M", state.registry.entries(dot)[0])
+    assert state.conflicts == [] and not state.stopped_at(dot, "M")
+    assert len(before.conflicts) == 1 and before.stopped_at(dot, "M")
+
+
+def test_copy_copies_every_container_field():
+    import dataclasses
+
+    state = _state(gram, (8, 8), mesh={"M": 2})
+    new = state.copy()
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if isinstance(value, (dict, set, list)):
+            assert getattr(new, f.name) is not value, f.name

@@ -4,7 +4,7 @@ spatially tiled convolutions, windows and data movement give jax.jit's numbers.
 The regression: Shardy's rule for a weight-gradient convolution (image x output gradient ->
 kernel) has a "reduction" factor for each spatial dimension, which became an entry tiling the
 image and the output gradient alike and summing: wrong with padding (each kernel row reads
-image rows shifted across the tile boundary). `shardy_rules._window_reduction_halos` drops
+image rows shifted across the tile boundary). `core/rules/shardy._window_reduction_halos` drops
 such entries; the verifier finds the wrong one when it is put back.
 """
 

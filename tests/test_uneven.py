@@ -15,7 +15,7 @@ import pytest
 
 import partir_plugin as partir
 from partir_plugin.core.padding import is_padded, local_extent, tile_bounds
-from partir_plugin.core.scan import ScanEntry
+from partir_plugin.core.rules.prefix_scan import ScanEntry
 from partir_plugin.extend import Sum, verify_entry, verify_registry
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered

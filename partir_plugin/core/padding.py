@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..ir.dialect import INTERLEAVE_OP, ROLL_OP
 from ..ir.graph import Op
 from .tmr import Sum, TMREntry
 
@@ -91,7 +92,7 @@ def entry_tiles_exact_dims(op: Op, entry: TMREntry) -> bool:
 
 # Ops whose tiled form reads neighbouring tiles (rolls, interleaves) or otherwise assumes
 # equal tiles: an uneven entry is refused, so they gather their operands.
-_NO_PADDING_OPS = frozenset({"partir.roll", "partir.interleave"})
+_NO_PADDING_OPS = frozenset({ROLL_OP, INTERLEAVE_OP})
 
 
 def entry_allows_padding(op: Op, entry: TMREntry) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import heapq
 
-from ..ir.graph import PARTITIONED_REGIONS, TERMINATORS, Op, Value, partitionable_ops
+from ..ir.graph import Op, Value, partitionable_ops
+from ..ir.opsets import PARTITIONED_REGIONS, TERMINATORS
 from .resolution import resolve
 from .splitting import Piece, result_tiles, split_loops
 from .state import PartitionState
@@ -50,12 +51,10 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
     for r, action in zip(op.results, e.results):
         if isinstance(action, Sum):
             continue
-        if (r, axis) in state.atomic:
+        if state.blocked(r, axis) is not None:
             return False
         existing = state.dim_of(r, axis)
         if existing is not None and existing != action:
-            return False
-        if state.overlapping(r, axis) is not None:
             return False
     return not state.entry_pads(op, axis, e) or state.padding_allowed(op, e, axis)
 
@@ -64,7 +63,7 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     """Try to loop `op` over `axis`; return the values whose tiling changed."""
     if state.in_loop(op, axis) or op.name in TERMINATORS or op.name in PARTITIONED_REGIONS:
         return []  # a while's or case's values are tied to its regions through aliases
-    if (op, axis) in state.boundaries:
+    if state.decided(op, axis):
         return []  # a decided tag: each side keeps its own distribution
     ins, outs, sliced = _constraints(state, op, axis)
     hard = ins.count(None) < len(ins) or outs.count(None) < len(outs)
@@ -74,7 +73,7 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
     entries = state.registry.entries(op)
     if not entries:
         if hard:
-            state.record_unsupported(op, axis)
+            state.record_unsupported(op)
         return []
 
     if hard:
@@ -140,7 +139,7 @@ def _reserved(state: PartitionState, v: Value, axis: str) -> bool:
     reads it leaves it to that tactic and converts at the edge: tiling it here by inference
     would decide the tag for the tactic (the gradient's tag, read by a loop the forward
     tiling reaches, once refused the tactic's own decision)."""
-    return v.producer is not None and (v.producer, axis) in state.boundaries
+    return v.producer is not None and state.decided(v.producer, axis)
 
 
 def _split(state: PartitionState, op: Op, pieces: list[Piece]) -> list[Value]:

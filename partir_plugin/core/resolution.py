@@ -104,7 +104,7 @@ def _moves(state: PartitionState, op: Op, axis: str, e: TMREntry) -> list[Move] 
                           local * (size - 1) // size, _is_argument(state, v)))
     for r, action in zip(op.results, e.results):
         cur = state.dim_of(r, axis)
-        if (r, axis) in state.atomic or len(state.aliases.get(r, (r,))) > 1:
+        if state.blocked(r, axis) is not None or len(state.aliases.get(r, (r,))) > 1:
             return None
         if isinstance(action, Sum):
             if cur is not None:

@@ -27,7 +27,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..ir.graph import Op, Value
-from .shardy_rules import ShardyRule, parse_rule
+from .rules.shardy import ShardyRule, parse_rule
 from .state import PartitionState
 from .subaxis import SubAxis
 from .tmr import TMREntry

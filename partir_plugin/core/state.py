@@ -12,15 +12,16 @@ the tilings (tuples of strings and ints) after its first look.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import PartitionError
 from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
 from .mesh import Mesh
 from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
+from .rules.halo import HaloEntry
 from .subaxis import is_sub_axis, parent_of
 from .tmr import Sum, TileMappingRegistry, TMREntry
-from .windows import HaloEntry
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class PartitionState:
     # May a tiling pad a dimension its axes do not divide (`core/padding.py`)? False: never
     # inferred by propagation, a PartitionError where a tactic asks for it.
     allow_padding: bool = True
+    # The (op, axis) pairs propagation stopped at, with the conflict each one records:
+    # `conflicts` lists those still standing (a later loop of the op on the axis drops one).
+    _reported: dict[tuple[Op, str], Conflict] = field(default_factory=dict, init=False,
+                                                      repr=False)
+    _unsupported_ops: set[Op] = field(default_factory=set, init=False, repr=False)
+    _sub_axes: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
         self.users = users_of(self.func)
@@ -84,31 +91,21 @@ class PartitionState:
         # Each while body's k-th argument -> (the while, k): derived once, shared by copies.
         self.body_args = {a: (op, k) for op in self.position if op.name == "stablehlo.while"
                           for k, a in enumerate(op.regions[1].blocks[0].args)}
-        self._reported: set[tuple[Op, str]] = set()
-        self._sub_axes: list[str] = []
         # Has any tiling padded a dimension? Most programs pad nothing, and the report asks
         # every value for its padded dimensions.
         self.pads_any = any(self._pads(v, d) for v, tiles in self.tiling.items()
                             for _, d in tiles)
 
     def copy(self) -> PartitionState:
-        """An independent copy for trying actions (searchers): the decision containers are
-        copied (their tuples are immutable, so shared); the function, mesh, registry and
-        derived maps are shared."""
+        """An independent copy for trying actions (searchers): every container field is
+        copied (found from the dataclass's fields, so a new one cannot be forgotten; the
+        tuples inside are immutable, so shared, and so are the lists of `tags`, which only
+        `__post_init__` builds); the function, mesh, registry and derived maps are shared."""
         new = copy.copy(self)
-        new.tiling = dict(self.tiling)
-        new.nests = dict(self.nests)
-        new.atomic = set(self.atomic)
-        new.conflicts = list(self.conflicts)
-        new.unsupported = dict(self.unsupported)
-        new.tags = {k: list(v) for k, v in self.tags.items()}
-        new.boundaries = set(self.boundaries)
-        new.resolutions = list(self.resolutions)
-        new.notes = list(self.notes)
-        new.regather = set(self.regather)
-        new.resolved = set(self.resolved)
-        new._reported = set(self._reported)
-        new._sub_axes = list(self._sub_axes)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (dict, set, list)):
+                setattr(new, f.name, value.copy())
         return new
 
     # -- queries ------------------------------------------------------------------------
@@ -172,10 +169,6 @@ class PartitionState:
         divide it: `core/padding.py`)."""
         return local_extent(v.type.shape[dim], [self.mesh.axis_size(a)
                                                 for a in self.axes_on(v, dim)])
-
-    def tiled_product(self, v: Value, dim: int) -> int:
-        """How many tiles `dim` of `v` is cut into (the product of its axes' sizes)."""
-        return self.mesh.product(self.axes_on(v, dim))
 
     def _pads(self, v: Value, dim: int) -> bool:
         return v.type.shape[dim] % self.mesh.product(self.axes_on(v, dim)) != 0
@@ -244,16 +237,46 @@ class PartitionState:
         return self.tags[name]
 
     # -- actions ------------------------------------------------------------------------
+    def blocked(self, v: Value, axis: str) -> str | None:
+        """Why `v` may not be tiled on `axis` on any dimension, or None: it or a value that
+        shares its distribution (`aliases`: a while's operand, body argument and result) is
+        atomic on `axis`, on the axis `axis` is a part of, or on a part of `axis` in use; or
+        `v` is already tiled on another axis that overlaps `axis`. The one admissibility check
+        that `can_tile`, propagation (`_fits`) and conflict resolution (`_moves`) share."""
+        if self.atomic:
+            kept = self._overlapping_axes(axis)
+            for m in self.aliases.get(v, (v,)):
+                for a in kept:
+                    if (m, a) in self.atomic:
+                        return f"it is atomic (kept replicated) on axis {a!r}"
+        other = self.overlapping(v, axis)
+        if other is not None:
+            return f"it is already tiled on axis {other!r}, which overlaps {axis!r}"
+        return None
+
+    def _overlapping_axes(self, axis: str) -> tuple[str, ...]:
+        """`axis`, the axis it is a part of, and the parts of it some value or loop uses."""
+        if not self._sub_axes and ":" not in axis:
+            return (axis,)  # no sub-axes in play (what propagation asks nearly always)
+        parent = parent_of(axis)
+        parts = tuple(s for s in self._sub_axes if s != axis and self.mesh.overlaps(s, axis))
+        return (axis, *((parent,) if parent != axis else ()), *parts)
+
+    def decided(self, op: Op, axis: str) -> bool:
+        """Is `op` a tag a tactic decided on `axis` or an axis overlapping it (a
+        redistribution point there: propagation does not cross it, the lowering converts)?"""
+        if not self.boundaries:
+            return False
+        return any((op, a) in self.boundaries for a in self._overlapping_axes(axis))
+
     def can_tile(self, v: Value, dim: int, axis: str, padding: bool | None = None
                  ) -> str | None:
         """Why `v` cannot be tiled on (dim, axis), or None if it can. `padding`: may the tile
         pad the dimension (None: the state's `allow_padding`; False: only even tiles, what
         a tactic that looks for divisible dimensions asks)."""
-        reason = self._sub_axis_conflict(v, axis)
+        reason = self.blocked(v, axis)
         if reason is not None:
             return reason
-        if any((m, axis) in self.atomic for m in self.aliases.get(v, (v,))):
-            return f"it is atomic (kept replicated) on axis {axis!r}"
         if not v.type.is_tensor or dim >= v.type.rank or dim < 0:
             return f"it has no dimension {dim} (type {v.type})"
         current = self.dim_of(v, axis)
@@ -266,18 +289,6 @@ class PartitionState:
             return (f"dimension {dim} has local size {extent} (global {v.type.shape[dim]}), "
                     f"not divisible by axis {axis!r} of size {size}, and padding is "
                     f"off{policy}")
-        return None
-
-    def _sub_axis_conflict(self, v: Value, axis: str) -> str | None:
-        """Why `v` cannot be tiled on `axis` for an axis it already uses in part or whole,
-        or an atomic parent axis (atomic on `model` keeps every part of `model` out)."""
-        parent = parent_of(axis)
-        if parent != axis and any((m, parent) in self.atomic
-                                  for m in self.aliases.get(v, (v,))):
-            return f"it is atomic (kept replicated) on axis {parent!r}"
-        other = self.overlapping(v, axis)
-        if other is not None:
-            return f"it is already tiled on axis {other!r}, which overlaps {axis!r}"
         return None
 
     def tile_value(self, v: Value, dim: int, axis: str) -> list[Value]:
@@ -302,6 +313,9 @@ class PartitionState:
 
     def add_loop(self, op: Op, axis: str, entry: TMREntry) -> list[Value]:
         self.nests[op] = (*self.nests.get(op, ()), (axis, entry))
+        stale = self._reported.pop((op, axis), None)
+        if stale is not None:  # a later step looped it: the conflict no longer stands
+            self.conflicts = [c for c in self.conflicts if c is not stale]
         changed = []
         for r, action in zip(op.results, entry.results):
             if not isinstance(action, Sum) and self.dim_of(r, axis) is None:
@@ -311,17 +325,19 @@ class PartitionState:
     def record_conflict(self, op: Op, axis: str, reason: str) -> None:
         if (op, axis) in self._reported:
             return
-        self._reported.add((op, axis))
-        self.conflicts.append(Conflict(op.name, axis, reason, op.location))
+        conflict = self._reported[op, axis] = Conflict(op.name, axis, reason, op.location)
+        self.conflicts.append(conflict)
 
     def stopped_at(self, op: Op, axis: str) -> bool:
-        """Did propagation stop at `op` on `axis` with a conflict?"""
+        """Does propagation stand stopped at `op` on `axis` with a conflict?"""
         return (op, axis) in self._reported
 
-    def record_unsupported(self, op: Op, axis: str) -> None:
-        if (op, "__unsupported__") in self._reported:
+    def record_unsupported(self, op: Op) -> None:
+        """Count `op` (once, whatever the axes it was asked to loop over) as one no TMR rule
+        knows."""
+        if op in self._unsupported_ops:
             return
-        self._reported.add((op, "__unsupported__"))
+        self._unsupported_ops.add(op)
         key = op.name
         if op.name == "stablehlo.custom_call":
             key += f"[{op.attributes.get('call_target_name', '?')}]"

@@ -2,13 +2,14 @@
 
 For every op, a set of entries `(t1⊥, …, tn⊥) -> (σ1, …, σk)`: slicing input i on dimension
 `operands[i]` (None: not sliced) lets the op run per tile, producing result j tiled on dimension
-`results[j]` or as a partial `Sum` to be reduced. Entries come from OpenXLA Shardy's op sharding
-rules (`shardy_rules.py`) unless a rule registered by a plugin says otherwise.
+`results[j]` or as a partial `Sum` to be reduced. Entries come from the kernel's providers
+(`core/rules/`: its own ops, OpenXLA Shardy's op sharding rules, halos, prefix scans, the
+embedding lookup) unless a rule registered by a plugin says otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..ir.graph import Op
@@ -23,7 +24,7 @@ OWN_REDUCER = "reducer"
 class Sum:
     """A result that each tile computes partially; `reduction` combines the partials."""
 
-    reduction: str  # "add", "max", "min", "mul", "and", "or", or OWN_REDUCER
+    reduction: str  # an `ir.opsets.Reduction` ("add", "max", ...), or OWN_REDUCER
 
     @property
     def pending(self) -> bool:
@@ -60,15 +61,18 @@ class TMREntry:
 
 
 Rule = Callable[[Op], "list[TMREntry] | None"]
+# Given an op and what the providers before it found (None: no entries yet), its entries.
+Provider = Callable[[Op, "list[TMREntry] | None"], "list[TMREntry] | None"]
 
 
 class TileMappingRegistry:
     """Rules by op name, queried by generic propagation. Later registrations win; a rule that
-    returns None defers to earlier ones and finally to `fallback` (Shardy-derived)."""
+    returns None defers to earlier ones and finally to the `providers`, each in turn given
+    what the ones before it found (the kernel's, `core.rules.PROVIDERS`)."""
 
-    def __init__(self, fallback: Rule | None = None):
+    def __init__(self, providers: Sequence[Provider] = ()):
         self._rules: dict[str, list[Rule]] = {}
-        self._fallback = fallback
+        self._providers = tuple(providers)
         self._cache: dict[Op, list[TMREntry] | None] = {}
 
     def register(self, op_name: str, rule: Rule) -> None:
@@ -87,8 +91,9 @@ class TileMappingRegistry:
             result = rule(op)
             if result is not None:
                 break
-        if result is None and self._fallback is not None:
-            result = self._fallback(op)
+        if result is None:
+            for provide in self._providers:
+                result = provide(op, result)
         self._cache[op] = result
         return result
 

@@ -1,4 +1,6 @@
-"""The small Python IR (graph, types), its StableHLO importer and its printer.
+"""The small Python IR (graph, types), its StableHLO importer and its printer; partir's own
+vocabulary in StableHLO (`dialect`), the op-name sets the passes share (`opsets`), and the
+rewrites the importer runs (`passes`).
 
 Names resolve lazily: `partir_plugin.ir.graph` needs no MLIR, only the importer and printer
 do, so the IR's data types load without jaxlib's bindings.

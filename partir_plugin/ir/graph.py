@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .opsets import PARTITIONED_REGIONS
 from .types import TensorType
 
 
@@ -172,10 +173,6 @@ def use_counts(func: Func) -> dict[Value, int]:
     for v in func.returns:
         uses[v] = uses.get(v, 0) + 1
     return uses
-
-
-TERMINATORS = frozenset({"stablehlo.return", "func.return"})
-PARTITIONED_REGIONS = frozenset({"stablehlo.while", "stablehlo.case"})  # bodies partitioned
 
 
 def partitionable_ops(ops: list[Op]):

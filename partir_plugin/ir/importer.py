@@ -2,35 +2,23 @@
 
 We parse with jaxlib's MLIR bindings, run Shardy's `sdy-populate-op-sharding-rules` so every op
 Shardy knows carries its factor-based sharding rule, then walk the module once, inlining
-`func.call` and `stablehlo.composite` (its decomposition). The walk is linear in the number of
-ops.
+`func.call` and `stablehlo.composite` (its decomposition) but the composites partir keeps
+whole (`dialect.KEPT_COMPOSITES`). The walk is linear in the number of ops. The rewrites of
+the imported program are passes (`ir/passes`), run as one pipeline over the ops it saw.
 """
 
 from __future__ import annotations
 
-import re
-
 from jaxlib.mlir import ir, passmanager
 
 from .._gc import gc_paused
+from .dialect import KEPT_COMPOSITES, TAG_OP, tag_name
 from .graph import Block, Func, Op, Region, Value, walk
 from .locations import location_name
-from .padded_scatter import fuse_padded_scatters
+from .passes import IMPORT_PIPELINE, Pipeline
 from .types import TensorType
-from .window_padding import fold_window_padding
 
 _RULE_ATTR = "sdy.sharding_rule"
-_TAG = re.compile(r"partir_tag\[([^\]]+)\]")
-_IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-TAG_OP = "stablehlo.reduce_precision"  # what `partir_plugin.tag` lowers to (an identity)
-# The composite `partir_plugin.roll` lowers to: imported as one op of this name (attributes
-# `shift`, `axis`), which the lowering turns into collective_permutes where the axis is tiled.
-ROLL_OP = "partir.roll"
-# The composite `partir_plugin.markers.interleave` lowers to (attributes `repeats`, `stages`,
-# `inverse`): the circular pipeline's layer order, chunks moved by collective_permutes.
-INTERLEAVE_OP = "partir.interleave"
-# Composites kept whole, with the attributes they keep.
-KEPT_COMPOSITES = {ROLL_OP: ("shift", "axis"), INTERLEAVE_OP: ("repeats", "stages", "inverse")}
 
 
 def make_context() -> ir.Context:
@@ -50,7 +38,7 @@ def _type(t: ir.Type) -> TensorType:
 
 
 class _Importer:
-    def __init__(self, module: ir.Operation):
+    def __init__(self, module: ir.Operation, pipeline: Pipeline):
         self.funcs = {}
         for op in module.regions[0].blocks[0].operations:
             if op.operation.name == "func.func":
@@ -63,9 +51,9 @@ class _Importer:
         # One location object per distinct location (ops of one line share it), so the
         # printer defines each once by identity (`location_aliases.py`).
         self.locations: dict[ir.Attribute, ir.Location] = {}
-        # Seen while importing, to run the rewrites that need them (each walks the program).
-        self.scatters = False  # a select_and_scatter (a max-pool's gradient)
-        self.pads = self.windows = False  # a pad; a convolution or reduce_window
+        self.pipeline = pipeline
+        # The op names imported: the pipeline runs the passes that rewrite some of them.
+        self.seen: set[str] = set()
 
     def _type(self, t: ir.Type) -> TensorType:
         tt = self.types.get(t)
@@ -87,10 +75,7 @@ class _Importer:
         returns = self._import_ops(block, env, body.ops)
         tags = {tag: list(values) for tag, values in self.tags.items()}
         func = Func(name=name, body=body, returns=returns, tags=tags)
-        if self.scatters:
-            fuse_padded_scatters(func)
-        if self.pads and self.windows:
-            fold_window_padding(func)
+        self.pipeline.run(func, self.seen)
         return func
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
@@ -101,20 +86,6 @@ class _Importer:
             name = op.name
             if name in ("func.return", "stablehlo.return"):
                 return [env[v] for v in op.operands]
-            if name in _IDENTITIES:
-                # Sharding annotations are jax's, not ours: the schedule decides shardings.
-                env[op.results[0]] = env[op.operands[0]]
-                continue
-            if name == "stablehlo.optimization_barrier" and len(op.operands) > 1:
-                # One barrier per value: each stays fenced, and each can be tiled on its own
-                # (a joint barrier would need one TMR entry per combination of dimensions).
-                loc = self._location(op)
-                for r, v in zip(op.results, op.operands):
-                    single = Op(name, [env[v]], [self._type(r.type)])
-                    single.mlir_location = loc
-                    out.append(single)
-                    env[r] = single.results[0]
-                continue
             kept = (ir.StringAttr(op.attributes["name"]).value
                     if name == "stablehlo.composite" else None)
             if kept in KEPT_COMPOSITES:
@@ -165,9 +136,7 @@ class _Importer:
                     region.blocks.append(b)
                 regions.append(region)
             results = op.results
-            self.scatters |= name == "stablehlo.select_and_scatter"
-            self.pads |= name == "stablehlo.pad"
-            self.windows |= name in ("stablehlo.convolution", "stablehlo.reduce_window")
+            self.seen.add(name)
             new = Op(name, [env[v] for v in op.operands],
                      [self._type(r.type) for r in results], attrs, regions)
             new.rule = rule
@@ -175,10 +144,10 @@ class _Importer:
             # context lives as long as the location object).
             new.mlir_location = self._location(op)
             if name == TAG_OP:
-                t = _TAG.search(location_name(new.mlir_location) or "")
+                t = tag_name(location_name(new.mlir_location))
                 if t:
-                    new.results[0].tag = t.group(1)
-                    self.tags.setdefault(t.group(1), []).append(new.results[0])
+                    new.results[0].tag = t
+                    self.tags.setdefault(t, []).append(new.results[0])
             if regions:
                 new.captures = _captures(new)
             for r, v in zip(results, new.results):
@@ -209,25 +178,27 @@ def _captures(op: Op) -> list[Value]:
     return used
 
 
-def _import_module(module: ir.Operation, entry: str) -> Func:
-    """Annotate `module` with Shardy's rules and import its `entry` function, inlined."""
+def _import_module(module: ir.Operation, entry: str, pipeline: Pipeline) -> Func:
+    """Annotate `module` with Shardy's rules and import its `entry` function, inlined, its
+    rewrites run by `pipeline`."""
     with gc_paused():
         pm = passmanager.PassManager.parse(
             "builtin.module(func.func(sdy-populate-op-sharding-rules))")
         pm.run(module)
-        imp = _Importer(module)
+        imp = _Importer(module, pipeline)
         if entry not in imp.funcs:
             raise ValueError(f"no function @{entry} in module (have: {sorted(imp.funcs)})")
         return imp.import_func(entry)
 
 
-def import_stablehlo(source: str | bytes, entry: str = "main") -> Func:
+def import_stablehlo(source: str | bytes, entry: str = "main",
+                     pipeline: Pipeline = IMPORT_PIPELINE) -> Func:
     """Import a StableHLO module (text or bytecode) and return its entry function, inlined."""
     with make_context():
-        return _import_module(ir.Module.parse(source).operation, entry)
+        return _import_module(ir.Module.parse(source).operation, entry, pipeline)
 
 
-def import_lowered(lowered) -> Func:
+def import_lowered(lowered, pipeline: Pipeline = IMPORT_PIPELINE) -> Func:
     """Import the StableHLO of a `jax.jit(fn).lower(*args)` result.
 
     A copy of the module jax built, in jax's context: printing it and parsing the text again
@@ -235,4 +206,4 @@ def import_lowered(lowered) -> Func:
     cache and compile, without our annotations)."""
     module = lowered.compiler_ir("stablehlo")
     with module.context:
-        return _import_module(module.operation.clone(), "main")
+        return _import_module(module.operation.clone(), "main", pipeline)

@@ -101,12 +101,12 @@ def _named(kind: str, hook: str) -> dict[str, Any]:
 
 
 def default_registry() -> TileMappingRegistry:
-    """A TMR registry with the Shardy-derived fallback and every plugin's rules (here, not in
+    """A TMR registry with the kernel's rule providers and every plugin's rules (here, not in
     core/, so that PartIR:Core never depends on the plugin manager)."""
-    from ..core.shardy_rules import entries_from_shardy
+    from ..core.rules import PROVIDERS
     from ..core.tmr import TileMappingRegistry
 
-    registry = TileMappingRegistry(fallback=entries_from_shardy)
+    registry = TileMappingRegistry(providers=PROVIDERS)
     plugin_manager().hook.partir_add_tmr_rules(registry=registry)
     return registry
 

@@ -21,19 +21,12 @@ from ..core.state import PartitionState
 from ..cost import CollectiveCost, SimulationResult
 from ..ir.graph import Op, Value, walk
 from ..ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
+from ..ir.opsets import ARGUMENT_PASS_THROUGH, PARTITIONED_REGIONS, RELAYOUT_OPS
 from ..spmd.collectives import Collective, collective_axes, collective_kind
 from ..spmd.layout import Layout
-from ..spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
 from ..spmd.provenance import Conversion, Movement
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
-
-# Ops that only move or retype an argument's data: a value made by a chain of them from a
-# function argument is that argument (a gathered parameter).
-_PASS_THROUGH = frozenset({"stablehlo.convert", "stablehlo.reshape", "stablehlo.transpose",
-                           "stablehlo.broadcast_in_dim", "stablehlo.copy",
-                           "stablehlo.bitcast_convert", "stablehlo.optimization_barrier",
-                           "stablehlo.reduce_precision"})  # `partir.tag`'s identity
 
 
 class Reason(enum.StrEnum):
@@ -207,7 +200,7 @@ class ProgramIndex:
     # -- parameters ---------------------------------------------------------------------
     def argument_of(self, v: Value) -> str | None:
         """The argument `v` is (through data movement only), by its key path."""
-        while v.producer is not None and v.producer.name in _PASS_THROUGH:
+        while v.producer is not None and v.producer.name in ARGUMENT_PASS_THROUGH:
             v = v.producer.operands[0]
         if v.owner is self.func.body and v.index < len(self.arg_names):
             return self.arg_names[v.index]
@@ -237,7 +230,7 @@ class ProgramIndex:
             (user, k), = users
             if user is None:
                 break
-            if user.name not in _PASS_THROUGH:
+            if user.name not in ARGUMENT_PASS_THROUGH:
                 return None
             v = user.results[0]
         paths = self.func.result_paths
@@ -267,7 +260,7 @@ class ProgramIndex:
                         if u is None or u in seen:
                             continue
                         seen.add(u)
-                        if u.name in _PASS_THROUGH:
+                        if u.name in ARGUMENT_PASS_THROUGH:
                             stack.extend(u.results)
                         elif self.phase(u) in (Phase.FORWARD, Phase.OTHER):
                             self._params_at.setdefault(_line_key(self.parsed(u)),
@@ -346,7 +339,7 @@ def _reason(conv: Conversion, kind: Collective, axes: tuple[str, ...],
         return Reason.RESHARD
     if any(_conflict(conv, a, state) for a in axes):
         return Reason.CONFLICT
-    if consumer.name in ("stablehlo.while", "stablehlo.case"):
+    if consumer.name in PARTITIONED_REGIONS:
         return Reason.LOOP
     if kind is Collective.ALL_GATHER:
         return Reason.GATHER
@@ -383,7 +376,7 @@ def _conflict(conv: Conversion, axis: str, state: PartitionState) -> bool:
             if user is not None and user not in chain and any(
                     a == axis and entry.operands[i] == dim for a, entry in state.nest_of(user)):
                 return False
-        if x.producer is None or x.producer.name not in _PASS_THROUGH:
+        if x.producer is None or x.producer.name not in ARGUMENT_PASS_THROUGH:
             return True
         chain.add(x.producer)
         x = x.producer.operands[0]
@@ -475,7 +468,7 @@ def _regathered(state: PartitionState, v: Value) -> bool:
     for, or one made from it by layout ops alone)?"""
     while v not in state.regather:
         op = v.producer
-        if op is None or op.name not in LAYOUT_OPS or len(op.operands) != 1:
+        if op is None or op.name not in RELAYOUT_OPS or len(op.operands) != 1:
             return False
         v = op.operands[0]
     return True

@@ -18,10 +18,11 @@ keeps it on one device of each group (`lowering.convert`).
 
 from __future__ import annotations
 
-from ..core.shardy_rules import is_zero
+from ..core.rules.reductions import is_zero
 from ..core.state import PartitionState
 from ..core.tmr import Sum, pending_sums
 from ..ir.graph import Op, Value
+from ..ir.opsets import PARTITIONED_REGIONS, PENDING_SUM_CHAIN
 
 Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
 
@@ -32,11 +33,6 @@ LINEAR_OPERANDS: dict[str, tuple[int, ...] | None] = {
     "stablehlo.add": None, "stablehlo.subtract": None, "stablehlo.negate": None,
     "stablehlo.dynamic_update_slice": (0, 1),
 }
-# Shape ops are linear in their first operand too, but a sum passed through them may be
-# reduced later at a larger size (a broadcast) or in more places: they forward a pending sum
-# only on the path from a partial sum to a loop's accumulator (`PendingSums.chain`).
-CHAIN_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.reshape",
-                       "stablehlo.convert", "stablehlo.slice", "stablehlo.dynamic_slice"})
 _ACCUMULATORS = ("stablehlo.add", "stablehlo.dynamic_update_slice")
 
 
@@ -47,7 +43,7 @@ def _is_float(op: Op) -> bool:
 def linear_operands(op: Op, chain: frozenset[Op] | set[Op] = frozenset()) -> tuple[int, ...]:
     """The operands of `op` through which a pending sum may pass (empty: none); a shape op's
     first operand only where `op` is in `chain`."""
-    if op.name in CHAIN_OPS:
+    if op.name in PENDING_SUM_CHAIN:
         return (0,) if op in chain and _is_float(op) else ()
     if op.name not in LINEAR_OPERANDS:
         return ()
@@ -123,7 +119,7 @@ class PendingSums:
         """The tiling `v` has as its producer makes it (an op result's, from the op's loop
         nest; it may differ from the value's declared tiling, which a conversion reaches)."""
         op = v.producer
-        if op is None or op.name in ("stablehlo.while", "stablehlo.case"):
+        if op is None or op.name in PARTITIONED_REGIONS:
             return sorted(self.state.tiles_of(v))
         j = op.results.index(v)
         return sorted((a, e.results[j]) for a, e in self.state.nest_of(op)
@@ -168,7 +164,7 @@ class PendingSums:
     def _join_chain(self, v: Value) -> None:
         """Register the shape ops between `v` and the partial sums it is made of."""
         op = v.producer
-        while op is not None and op.name in CHAIN_OPS and op not in self.chain:
+        while op is not None and op.name in PENDING_SUM_CHAIN and op not in self.chain:
             self.chain.add(op)
             op = op.operands[0].producer
         if op is not None and op.name in LINEAR_OPERANDS:

@@ -17,10 +17,8 @@ import enum
 import functools
 import json
 
+from ..ir.dialect import AXES_ATTR, KIND_ATTR
 from ..ir.graph import Op
-
-KIND_ATTR = "partir.collective"
-AXES_ATTR = "partir.axes"
 
 
 class Collective(enum.StrEnum):

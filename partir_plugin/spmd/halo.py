@@ -1,4 +1,4 @@
-"""Halo exchange: the lowering of a `HaloEntry` (core/windows.py).
+"""Halo exchange: the lowering of a `HaloEntry` (core/rules/halo.py).
 
 Device j of k along the tiling axes holds rows `[j·n, (j+1)·n)` of a windowed op's input and
 computes its own output rows (n = ceil(size/k): a padded tile's padding is first set to the
@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-from ..core.windows import (
+from ..core.rules.halo import (
     Halo,
     HaloEntry,
     HaloRows,
@@ -29,7 +29,7 @@ from ..core.windows import (
 from ..ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
 from ..ir.graph import Op, Region, Value
 from ..ir.locations import parse_location
-from ..ir.padded_scatter import WINDOW_ATTRS
+from ..ir.passes.padded_scatter import WINDOW_ATTRS
 from ..ir.types import TensorType
 from .layout import Layout
 from .masking import WINDOW_PAD, apply_mask, masks
@@ -84,7 +84,7 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
 def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: TensorType,
                          regions: list[Region], have: list[Layout], wanted: list[Layout]
                          ) -> Value:
-    """A padded select_and_scatter (ir/padded_scatter.py) as local pad, select_and_scatter
+    """A padded select_and_scatter (ir/passes/padded_scatter.py) as local pad, select_and_scatter
     and slice. Along a dimension tiled by a halo entry the image arrives with its halos (the
     pad value past the global edges) and the source with its own (zeros past the edges: a
     window there scatters nothing), the pad is already in the extended image, and the slice

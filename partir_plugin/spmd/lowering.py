@@ -14,19 +14,25 @@ import functools
 import re
 from dataclasses import dataclass, field
 
-from ..core.gather import lookup_dim, offset_dims, scatter_dim, update_window_dims
 from ..core.mesh import Mesh
 from ..core.padding import ceil_div, is_padded, local_extent, tile_bounds
+from ..core.rules.embedding import lookup_dim, offset_dims, scatter_dim, update_window_dims
 from ..core.state import PartitionState
 from ..core.tmr import OWN_REDUCER, Sum, pending_sums
-from ..core.windows import UNHALOED_OPS, WINDOWED_OPS
 from ..ir.attributes import i64_array, parse_i64_array, parse_scalar
-from ..ir.graph import PARTITIONED_REGIONS, Block, Func, Op, Region, Value, clone_region, walk
-from ..ir.importer import INTERLEAVE_OP, ROLL_OP
-from ..ir.padded_scatter import PADDED_SCATTER_OP
+from ..ir.dialect import INTERLEAVE_OP, PADDED_SCATTER_OP, ROLL_OP
+from ..ir.graph import Block, Func, Op, Region, Value, clone_region, walk
+from ..ir.opsets import (
+    PARTITIONED_REGIONS,
+    PENDING_SUM_CHAIN,
+    RELAYOUT_OPS,
+    UNHALOED_OPS,
+    WINDOWED_OPS,
+    Reduction,
+)
 from ..ir.printer import print_func
 from ..ir.types import TensorType
-from .accumulation import CHAIN_OPS, LINEAR_OPERANDS, PendingSums, linear_operands
+from .accumulation import LINEAR_OPERANDS, PendingSums, linear_operands
 from .boundary import BoundaryDrop, at_boundary
 from .collectives import Collective, count_collectives, mark
 from .dynamic_slice import clamped_starts
@@ -40,8 +46,6 @@ from .rotation import lower_roll
 from .scan import lower_scan, scan_axes
 from .scatter_exchange import exchange_axes
 
-_REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
-                "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
 _I32 = TensorType((), "i32")
 
 
@@ -218,7 +222,7 @@ class _Emitter:
         scalar = TensorType((), element)
         b = Block()
         x, y = b.add_arg(scalar), b.add_arg(scalar)
-        op = Op(_REDUCER_OPS[kind], [x, y], [scalar])
+        op = Op(Reduction(kind).op_name, [x, y], [scalar])
         b.ops += [op, Op("stablehlo.return", [op.results[0]], [])]
         return Region([b])
 
@@ -673,14 +677,8 @@ class _OpPlan:
         own = tuple(a for a, e in nest
                     if any(isinstance(r, Sum) and not r.pending for r in e.results))
         return cls(wanted, produced, result_types, found, own,
-                   op.name in CHAIN_OPS or op.name in LINEAR_OPERANDS,
+                   op.name in PENDING_SUM_CHAIN or op.name in LINEAR_OPERANDS,
                    op.name not in _NOT_PLAIN and not found and not own)
-
-
-# Ops that only re-lay out their one operand: a value they compute from a regathered one is
-# regathered too.
-_LAYOUT_OPS = frozenset({"stablehlo.reshape", "stablehlo.convert", "stablehlo.transpose",
-                         "stablehlo.broadcast_in_dim", "stablehlo.bitcast_convert"})
 
 
 class _Lowering:
@@ -736,7 +734,7 @@ class _Lowering:
         if known is None:
             op = v.producer
             known = v in self.state.regather or (
-                op is not None and op.name in _LAYOUT_OPS and len(op.operands) == 1
+                op is not None and op.name in RELAYOUT_OPS and len(op.operands) == 1
                 and self._regathered(op.operands[0]))
             self._regather_memo[v] = known
         return known

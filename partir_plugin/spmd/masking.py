@@ -17,38 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.gather import lookup_dim
 from ..core.mesh import Mesh
 from ..core.padding import PaddedDim, is_padded
-from ..core.scan import ScanEntry
+from ..core.rules.embedding import lookup_dim
+from ..core.rules.halo import HaloEntry
+from ..core.rules.prefix_scan import ScanEntry
 from ..core.tmr import Sum
-from ..core.windows import HaloEntry
 from ..ir.graph import Op, Value
+from ..ir.opsets import Reduction
 from ..ir.types import TensorType
-
-# Bit patterns of the infinities, by float type (MLIR's dense literal takes hex).
-_NEG_INF = {"f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000",
-            "f64": "0xFFF0000000000000"}
-_POS_INF = {"f16": "0x7C00", "bf16": "0x7F80", "f32": "0x7F800000",
-            "f64": "0x7FF0000000000000"}
-
-
-def identity_literal(reduction: str, element: str) -> str:
-    """The literal of `reduction`'s identity in `element` (a dense attribute's body)."""
-    if element == "i1":
-        return {"and": "true", "min": "true", "mul": "true"}.get(reduction, "false")
-    if element in _NEG_INF:
-        if reduction == "max":
-            return _NEG_INF[element]
-        if reduction == "min":
-            return _POS_INF[element]
-        return "1.000000e+00" if reduction == "mul" else "0.000000e+00"
-    unsigned = element.startswith("ui")
-    bits = int(element.lstrip("ui") or 32)
-    low, high = (0, 2 ** bits - 1) if unsigned else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
-    return str({"max": low, "min": high, "mul": 1, "and": -1 if not unsigned else high
-                }.get(reduction, 0))
-
 
 # The "reduction" of a mask that fills a windowed op's operand with the op's pad value (0 for
 # a convolution, the init value for a reduce_window) before its halo exchange.
@@ -122,7 +99,8 @@ def apply_mask(em, x: Value, mask: Mask, identity: Value | None = None) -> Value
                    {"iota_dimension": f"{mask.dim} : i64"}).results[0]
     inside = em.compare(rows, em.broadcast(em.per_device(valid), index_t), "LT")
     if identity is None:
-        identity = em.literal(identity_literal(mask.reduction, x.type.element), x.type.element)
+        identity = em.literal(Reduction(mask.reduction).identity_literal(x.type.element),
+                              x.type.element)
     return em.where(inside, x, identity)
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from ..core.padding import tile_bounds
 from ..ir.attributes import i64_array, parse_scalar
 from ..ir.graph import Block, Op, Region, Value, clone_region
+from ..ir.opsets import Reduction
 from ..ir.types import TensorType
-from .masking import identity_literal
 
 TOP_K = "chlo.top_k"
 
@@ -28,7 +28,7 @@ def own_identity(em, op: Op, operands: list[Value], i: int) -> Value:
     """What padding in operand i becomes: the reduce's init value, or -inf for top_k."""
     if op.name == TOP_K:
         element = operands[i].type.element
-        return em.literal(identity_literal("max", element), element)
+        return em.literal(Reduction.MAX.identity_literal(element), element)
     return operands[len(op.operands) // 2 + i]
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..ir.dialect import KIND_ATTR
 from ..ir.graph import Op, Value
-from .collectives import KIND_ATTR
 from .layout import Layout
 
 

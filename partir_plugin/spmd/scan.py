@@ -1,4 +1,5 @@
-"""Lowering a tiled scan (`core/scan.py`): cumsum, cummax, cumprod over a tiled dimension.
+"""Lowering a tiled scan (`core/rules/prefix_scan.py`): cumsum, cummax, cumprod over a tiled
+dimension.
 
 Each device scans its own tile (the reduce_window with its window and padding cut to the
 tile), then combines every row with the carry: the reduction of the tile totals before its
@@ -10,7 +11,7 @@ uneven dimension) was set to the identity by the lowering's masks, so it adds no
 
 from __future__ import annotations
 
-from ..core.scan import ScanEntry
+from ..core.rules.prefix_scan import ScanEntry
 from ..ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
 from ..ir.graph import Op, Region, Value, clone_region
 from ..ir.types import TensorType

@@ -6,7 +6,7 @@ zero table, and the partial tables are reduced where ZeRO shards the table on it
 (reduce_scatter, or all_reduce then slice). A scatter-add is linear in its updates, so a
 device's tile of the sum is also its scatter of *every* device's updates into its own rows:
 all-gather the ids and updates over the axis, shift the ids into the tile and zero the
-updates of rows outside it (`core.gather`'s lookup form, transposed). That holds a
+updates of rows outside it (`core.rules.embedding`'s lookup form, transposed). That holds a
 `[tokens, d]` buffer at the end of the backward pass instead of a `[vocab, d]` pending sum
 for the whole step (XLA allocates the zeros early, being a constant, and keeps them until the
 gradients are reduced: a step-long buffer at the step's peak). The lowering makes the exchange
@@ -17,8 +17,8 @@ off); jax.jit's partitioner keeps this gradient sharded too.
 
 from __future__ import annotations
 
-from ..core.gather import scatter_dim
-from ..core.shardy_rules import scatter_kind
+from ..core.rules.embedding import scatter_dim
+from ..core.rules.reductions import scatter_kind
 from ..core.state import PartitionState
 from ..core.tmr import Sum, TMREntry
 from ..ir.graph import Op

@@ -33,12 +33,12 @@ import numpy as np
 
 from ..core.mesh import Mesh
 from ..core.propagation import propagate
-from ..core.scan import ScanEntry
+from ..core.rules.halo import HaloEntry
+from ..core.rules.prefix_scan import ScanEntry
 from ..core.splitting import compound_dims
 from ..core.state import PartitionState
 from ..core.subaxis import SubAxis
 from ..core.tmr import Rule, Sum, TileMappingRegistry, TMREntry
-from ..core.windows import HaloEntry
 from ..ir.graph import Block, Func, Op, Value, clone_region, walk
 from ..ir.types import TensorType, numpy_dtype_of
 from ..spmd.collectives import count_collectives

@@ -1,4 +1,5 @@
-"""TMR entries derived from OpenXLA Shardy's op sharding rules (DESIGN.md §2.2).
+"""TMR entries derived from OpenXLA Shardy's op sharding rules (DESIGN.md §2.2): the
+provider of every op no kernel rule knows (`core/rules/__init__.py`).
 
 The importer runs `sdy-populate-op-sharding-rules`, which attaches to each op a factor-based
 rule such as `#sdy.op_sharding_rule<([i, k], [k, j])->([i, j]) {i=32, j=16, k=8}
@@ -6,7 +7,9 @@ reduction={k}>`. Each pass-through factor gives an entry tiling that factor's di
 tensor that has it; each reduction factor gives an entry with `Sum` results, when we know the
 reduction; need-replication, permutation and blocked factors give none. A factor that is the
 minor part of a compound dimension (`[ij]`: j) gives none either: tiling the dimension splits
-its major factor.
+its major factor. Where Shardy's rule says more than a plain tiling can do (a pad that
+shifts rows, a convolution's window taken for a reduction), the entry is dropped here; what
+tiles such dimensions anyway (halos, prefix scans) comes from its own provider.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ..ir.attributes import parse_array
-from ..ir.graph import Op
-from .scan import scan_entries
-from .tmr import OWN_REDUCER, Sum, TMREntry
-from .windows import UNHALOED_OPS, halo_entries, windowed_dims
+from ...ir.attributes import parse_array
+from ...ir.graph import Op
+from ...ir.opsets import UNHALOED_OPS, Reduction
+from ..tmr import OWN_REDUCER, Sum, TMREntry
+from .halo import grouped_convolution, windowed_dims
+from .reductions import reduce_kind, scatter_kind, variadic
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
 _RULE = re.compile(r"#sdy\.op_sharding_rule<\((?P<ins>.*?)\)->\((?P<outs>.*?)\)(?P<rest>.*)>$")
@@ -39,12 +43,8 @@ DENIED = frozenset({
 })
 
 # The reduction a Sum entry performs, for ops whose reduction factors are plain sums.
-_SUM_OPS = {"stablehlo.dot_general": "add", "stablehlo.dot": "add",
-            "stablehlo.convolution": "add"}
-_REDUCER = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
-            "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
-# Reductions where an init value that is not the identity would be counted once per tile.
-_NEEDS_IDENTITY_INIT = {"add": 0.0, "mul": 1.0}
+_SUM_OPS = {"stablehlo.dot_general": Reduction.ADD, "stablehlo.dot": Reduction.ADD,
+            "stablehlo.convolution": Reduction.ADD}
 
 
 @dataclass(frozen=True)
@@ -86,84 +86,6 @@ def parse_rule(text: str) -> ShardyRule | None:
                       _factor_set(rest, "reduction"), blocked)
 
 
-def splat_value(op: Op | None):
-    """The scalar of a splat `stablehlo.constant`, or None."""
-    if op is None or op.name != "stablehlo.constant":
-        return None
-    m = re.match(r"dense<([^>\[\]]*)>", op.attributes.get("value", ""))
-    if not m:
-        return None
-    text = m.group(1).strip()
-    if text in ("true", "false"):
-        return text == "true"
-    try:
-        if text.startswith("0x"):
-            import numpy as np
-
-            bits = int(text, 16)
-            width = {4: np.uint16, 8: np.uint32, 16: np.uint64}.get(len(text) - 2)
-            float_t = {4: np.float16, 8: np.float32, 16: np.float64}.get(len(text) - 2)
-            if width is None:
-                return None
-            return float(np.array(bits, dtype=width).view(float_t))
-        return float(text)
-    except ValueError:
-        return None
-
-
-def reduce_kind(op: Op) -> str | None:
-    """The reduction a single-result `stablehlo.reduce` (or `reduce_window`) applies, if it
-    is a plain one whose partial results may be combined across tiles."""
-    if len(op.results) != 1 or not op.regions:
-        return None
-    body = op.regions[0].blocks[0].ops
-    if len(body) != 2:
-        return None
-    kind = _REDUCER.get(body[0].name)
-    if kind is None:
-        return None
-    if kind in _NEEDS_IDENTITY_INIT:
-        init = splat_value(_through_broadcast(op.operands[1]))
-        if init is None or init != _NEEDS_IDENTITY_INIT[kind]:
-            return None
-    return kind
-
-
-def _variadic(op: Op) -> bool:
-    """Is `op` a reduce of several operands (argmax, argmin: a value and its index) with
-    constant init values, whose partials its own reducer combines (`OWN_REDUCER`)? The
-    lowering applies the inits again and masks padding with them, which is exact where they
-    are the reducer's identity, as jax's are (StableHLO leaves other inits
-    implementation-defined). A single-operand reduce with a plain reducer and another init
-    (`lax.reduce(x, 1.0, add)`) is left whole."""
-    return len(op.results) > 1 and all(splat_value(_through_broadcast(v)) is not None
-               for v in op.operands[len(op.operands) // 2:])
-
-
-def _through_broadcast(v) -> Op | None:
-    """`v`'s producer, or the producer of what it broadcasts."""
-    op = v.producer
-    if op is not None and op.name == "stablehlo.broadcast_in_dim":
-        op = op.operands[0].producer
-    return op
-
-
-def is_zero(v) -> bool:
-    """Is `v` a splat zero (a constant, or a broadcast of one)?"""
-    return splat_value(_through_broadcast(v)) == 0
-
-
-def scatter_kind(op: Op) -> str | None:
-    """`add` for a scatter-add into zeros (an embedding gradient): tiles of the updates can be
-    scattered separately and their results summed. Other scatters have no Sum entry."""
-    if len(op.results) != 1 or not op.regions:
-        return None
-    body = op.regions[0].blocks[0].ops
-    if len(body) == 2 and body[0].name == "stablehlo.add" and is_zero(op.operands[0]):
-        return "add"
-    return None
-
-
 def _indexed_operand_dims(op: Op) -> set[int]:
     """Operand dims a gather/scatter indexes into: tiling them would index a tile with global
     indices, so Shardy's pass-through factor there is not a plain tiling for us."""
@@ -171,12 +93,6 @@ def _indexed_operand_dims(op: Op) -> set[int]:
         "scatter_dimension_numbers", "")
     m = re.search(r"(?:start_index_map|scatter_dims_to_operand_dims) = \[([0-9, ]*)\]", text)
     return {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
-
-
-def _grouped_convolution(op: Op) -> bool:
-    """Grouped or batch-grouped convolutions tie feature tiles to groups: not plain tiling."""
-    return any(not op.attributes.get(k, "1 : i64").startswith("1 ")
-               for k in ("feature_group_count", "batch_group_count"))
 
 
 def _window_reduction_halos(op: Op) -> frozenset[int]:
@@ -217,12 +133,14 @@ def _window_reduction_halos(op: Op) -> frozenset[int]:
 
 
 def entries_from_shardy(op: Op) -> list[TMREntry] | None:
+    """The entries Shardy's rule on `op` gives (less those that would be wrong for us), or
+    None where it has none we use."""
     if op.name in DENIED or op.rule is None or op.captures:
         return None
-    if op.name == "stablehlo.convolution" and _grouped_convolution(op):
+    if grouped_convolution(op):
         return []
     if op.name == "stablehlo.reduce":
-        reduction = reduce_kind(op) or (OWN_REDUCER if _variadic(op) else None)
+        reduction = reduce_kind(op) or (OWN_REDUCER if variadic(op) else None)
     elif op.name == "stablehlo.scatter":
         reduction = scatter_kind(op)
     else:
@@ -243,11 +161,12 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         halos = _window_reduction_halos(op)
         entries = [e for e in entries
                    if not (e.operands[0] in halos and any(isinstance(r, Sum) for r in e.results))]
-    if op.name in ("stablehlo.convolution", "stablehlo.reduce_window"):
-        entries = [*entries, *halo_entries(op, list(entries))]
-    if op.name == "stablehlo.reduce_window":
-        entries = [*entries, *scan_entries(op, reduce_kind(op))]
     return list(entries)
+
+
+def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:
+    """The provider: Shardy's entries, where no earlier provider knows the op."""
+    return entries_from_shardy(op) if found is None else found
 
 
 def _without_moving_dims(op: Op, entries) -> list[TMREntry]:
@@ -261,7 +180,8 @@ def _without_moving_dims(op: Op, entries) -> list[TMREntry]:
 
 
 @functools.lru_cache(maxsize=16384)
-def _entries_for_signature(rule_text: str, reduction: str | None, indexed: frozenset[int]
+def _entries_for_signature(rule_text: str, reduction: Reduction | str | None,
+                           indexed: frozenset[int]
                            ) -> tuple[TMREntry, ...] | None:
     """The entries of every op with this signature: its Shardy rule (which spells out the
     factor sizes, so the shapes), the reduction its Sum entries perform and, for gather and

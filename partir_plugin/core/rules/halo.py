@@ -1,4 +1,5 @@
-"""Halo entries: tiling a spatial dimension of a windowed op (convolution, reduce_window).
+"""Halo entries: tiling a spatial dimension of a windowed op (convolution, reduce_window),
+the TMR side of `spmd/halo.py` (named alike: the rows a tile reads from its neighbours).
 
 Shardy marks a window's spatial factor as a permutation (a halo swap), which gives no TMR
 entry, so such a tiling used to stop propagation and gather. A `HaloEntry` tiles it anyway:
@@ -25,12 +26,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ir.attributes import parse_i64_array, parse_padding
-from ..ir.graph import Op
-from ..ir.padded_scatter import PADDED_SCATTER_OP
-from .padding import ceil_div, contiguous
-from .scan import scan_dims
-from .tmr import Sum, TMREntry
+from ...ir.attributes import parse_i64_array, parse_padding
+from ...ir.dialect import PADDED_SCATTER_OP
+from ...ir.graph import Op
+from ...ir.opsets import WINDOWED_OPS
+from ..padding import ceil_div, contiguous
+from ..tmr import Sum, TMREntry
+from .prefix_scan import scan_dims
 
 
 @dataclass(frozen=True)
@@ -106,14 +108,13 @@ class Halo:
 @dataclass(frozen=True)
 class ScatterHalo:
     """The window geometry of one spatial dimension of a padded select_and_scatter (a
-    max-pool's gradient, ir/padded_scatter.py): image `x` of `size` rows padded by `lo` before,
-    source (the pool's output gradient) of `out` rows, one per window of `window` rows moved
-    by `stride`. Output-driven like the pool: the result has the image's rows, tiled with it,
-    and the source is tiled alike (`ceil(out/k)·stride == ceil(size/k)`, padded tiles
-    included: `fits`). Device j computes the windows that
-    touch its rows, so it reads the source rows of those windows and every image row they
-    cover: halos of both, each one `HaloRows` (`lo`/`hi` unused: the extended image carries
-    the pad value itself).
+    max-pool's gradient, ir/passes/padded_scatter.py): image `x` of `size` rows padded by
+    `lo` before, source (the pool's output gradient) of `out` rows, one per window of `window`
+    rows moved by `stride`. Output-driven like the pool: the result has the image's rows,
+    tiled with it, and the source is tiled alike (`ceil(out/k)·stride == ceil(size/k)`,
+    padded tiles included: `fits`). Device j computes the windows that touch its rows, so it
+    reads the source rows of those windows and every image row they cover: halos of both,
+    each one `HaloRows` (`lo`/`hi` unused: the extended image carries the pad value itself).
     """
 
     dim: int
@@ -252,13 +253,6 @@ def _scatter_adds(op: Op) -> bool:
     return body == ["stablehlo.add", "stablehlo.return"]
 
 
-WINDOWED_OPS = frozenset({"stablehlo.convolution", "stablehlo.reduce_window"})
-# Ops that read neighbouring rows along a dimension but have no halo entry: tiling such a
-# dimension gathers it, which the lowering reports (a max-pool's gradient is a pad and a
-# select_and_scatter).
-UNHALOED_OPS = frozenset({"stablehlo.pad", "stablehlo.select_and_scatter"})
-
-
 def windowed_dims(op: Op) -> dict[int, list[int]]:
     """Per windowed input (a convolution's image, a reduce_window's inputs), the dimensions a
     window slides along: tiling one of them needs a halo entry or a gather."""
@@ -339,3 +333,18 @@ def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
             factor = 1  # only padded tiles can: every tiling pads, and asks `fits`
         out.append(HaloEntry(operands, results, factor, halo))
     return out
+
+
+def grouped_convolution(op: Op) -> bool:
+    """Grouped or batch-grouped convolutions tie feature tiles to groups: not plain tiling
+    (no entry at all, halo or Shardy's)."""
+    return op.name == "stablehlo.convolution" and any(
+        not op.attributes.get(k, "1 : i64").startswith("1 ")
+        for k in ("feature_group_count", "batch_group_count"))
+
+
+def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:
+    """The provider: a windowed op's entries (Shardy's) with the halo entries they lack."""
+    if found is None or op.name not in WINDOWED_OPS or grouped_convolution(op):
+        return found
+    return [*found, *halo_entries(op, found)]

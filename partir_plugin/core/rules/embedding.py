@@ -6,14 +6,18 @@ collapsed), indices with a trailing index vector of size 1 and no batching dimen
 tiled on `k` (the vocabulary) is then looked up per tile with indices shifted to the tile and
 rows outside it zeroed; the tiles' results add up to the full lookup (paper 1 §5, the
 vocabulary-sharded embedding). The TMR rule and the lowering share this recognition. Its
-gradient, `zeros.at[ids].add(updates)`, is the scatter of the same form (`scatter_dim`).
+gradient, `zeros.at[ids].add(updates)`, is the scatter of the same form (`scatter_dim`),
+which the lowering exchanges (`spmd/scatter_exchange.py`). The vocabulary entry is the
+kernel's: only its lowering knows how to shift the ids and zero the foreign rows.
 """
 
 from __future__ import annotations
 
 import re
 
-from ..ir.graph import Op
+from ...ir.graph import Op
+from ...ir.opsets import Reduction
+from ..tmr import Sum, TMREntry
 
 
 def _ints(text: str, key: str) -> list[int] | None:
@@ -69,3 +73,13 @@ def update_window_dims(op: Op) -> list[int]:
 
 def offset_dims(op: Op) -> list[int]:
     return _ints(op.attributes.get("dimension_numbers", ""), "offset_dims") or []
+
+
+def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:
+    """The provider: a lookup's entries (Shardy's pass-through ones) with the vocabulary
+    entry: each tile of the table answers the ids that fall in it (zeros elsewhere), and the
+    tiles add up."""
+    k = lookup_dim(op)
+    if found is None or k is None:
+        return found
+    return [*found, TMREntry((k, None), (Sum(Reduction.ADD),), op.operands[0].type.shape[k])]

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.attributes import parse_i64_array, parse_padding
-from ..ir.graph import Op
-from .tmr import TMREntry
+from ...ir.attributes import parse_i64_array, parse_padding
+from ...ir.graph import Op
+from ...ir.opsets import Reduction
+from ..tmr import TMREntry
+from .reductions import reduce_kind
+
+# The reductions `spmd/scan.py` finishes a tile's scan with.
+_SCANNED = frozenset({Reduction.ADD, Reduction.MAX, Reduction.MIN, Reduction.MUL})
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,16 @@ def scan_dims(op: Op) -> dict[int, bool]:
 def scan_entries(op: Op, reduction: str | None) -> list[ScanEntry]:
     """Scan entries of a reduce_window by `reduction` (None: not a plain reducer with its
     identity as init, no entries)."""
-    if reduction not in ("add", "max", "min", "mul"):
+    if reduction not in _SCANNED:
         return []
     return [ScanEntry((d, None), (d,), op.operands[0].type.shape[d], reduction, reverse)
             for d, reverse in scan_dims(op).items()]
 
+
+
+def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:
+    """The provider: a reduce_window's entries with the scan entries of the dimensions it
+    scans."""
+    if found is None or op.name != "stablehlo.reduce_window":
+        return found
+    return [*found, *scan_entries(op, reduce_kind(op))]

@@ -6,7 +6,7 @@ padding of its own), and a slice back to the image's rows. Apart, a tiled spatia
 has nowhere to go: the pad shifts every tile and makes the extent uneven. Together they are a
 windowed op like the pool itself, output-driven: the device holding image rows `[j·n,
 (j+1)·n)` needs the windows that touch them, so its own rows plus halos of the image and of
-the gradient (core/windows.py `ScatterHalo`, spmd/halo.py).
+the gradient (core/rules/halo.py `ScatterHalo`, spmd/halo.py).
 
 The importer fuses the trio into one `partir.padded_select_and_scatter` op (operands: image,
 source, init, pad value; the pad's edges and the window's attributes; the select and scatter
@@ -19,19 +19,33 @@ selected there, while jax's pad rows (-inf) win ties with real -inf values.
 
 from __future__ import annotations
 
-from .attributes import parse_i64_array, parse_padding
-from .graph import Func, Op, Value, blocks, use_counts
+from collections.abc import Set
+from dataclasses import dataclass
 
-PADDED_SCATTER_OP = "partir.padded_select_and_scatter"
+from ..attributes import parse_i64_array, parse_padding
+from ..dialect import PADDED_SCATTER_OP
+from ..graph import Func, Op, Value, blocks, use_counts
+from .pipeline import FuncPass
+
 # The attributes the fused op keeps: the window's, and the pad's edges.
 WINDOW_ATTRS = ("window_dimensions", "window_strides")
 EDGE_ATTRS = ("edge_padding_low", "edge_padding_high")
 
 
+@dataclass(frozen=True)
+class FusePaddedScatters(FuncPass):
+    name = "fuse-padded-scatters"
+
+    def wanted(self, seen: Set[str]) -> bool:
+        return "stablehlo.select_and_scatter" in seen
+
+    def apply(self, func: Func) -> None:
+        fuse_padded_scatters(func)
+
+
 def fuse_padded_scatters(func: Func) -> int:
     """Fuse every `slice(select_and_scatter(pad(x, v), g, init))` trio of `func` (regions
-    included) into one padded select_and_scatter; the number fused. (The importer calls it
-    only for programs that hold a select_and_scatter: it walks the program.)"""
+    included) into one padded select_and_scatter; the number fused."""
     uses = use_counts(func)
     fused = 0
     for block in blocks(func.body):

@@ -4,7 +4,7 @@ Code written as `conv(jnp.pad(x), VALID)` (a causal convolution, PyTorch's `F.pa
 image with zeros before a convolution that pads nothing; its gradient crops the input
 gradient with a negative pad. A pad shifts every tile of a tiled dimension, so either would
 gather a spatially tiled image, where the same convolution written with `padding=` exchanges
-halos (core/windows.py). Both fold exactly:
+halos (core/rules/halo.py). Both fold exactly:
 - `conv(pad(x, 0))`: the pad's edges on the image's spatial dimensions become the
   convolution's padding (zeros either way), for every convolution reading the pad (the
   forward pass and the weight gradient); the pad goes when nothing else reads it;
@@ -20,13 +20,28 @@ halos (core/windows.py). Both fold exactly:
 from __future__ import annotations
 
 import re
+from collections.abc import Set
+from dataclasses import dataclass
 
-from .attributes import format_padding, i64_array, parse_i64_array, parse_padding
-from .graph import Func, Op, Value, blocks, use_counts
+from ..attributes import format_padding, i64_array, parse_i64_array, parse_padding
+from ..graph import Func, Op, Value, blocks, use_counts
+from ..opsets import WINDOWED_OPS
+from .pipeline import FuncPass
 
 CONV = "stablehlo.convolution"
 PAD = "stablehlo.pad"
 REDUCE_WINDOW = "stablehlo.reduce_window"
+
+
+@dataclass(frozen=True)
+class FoldWindowPadding(FuncPass):
+    name = "fold-window-padding"
+
+    def wanted(self, seen: Set[str]) -> bool:
+        return PAD in seen and not WINDOWED_OPS.isdisjoint(seen)
+
+    def apply(self, func: Func) -> None:
+        fold_window_padding(func)
 
 
 def fold_window_padding(func: Func) -> int:
