@@ -166,7 +166,7 @@ def test_one_name_tags_every_layer_and_a_callable_selects_tags():
 
 
 def _state(fn, *shapes, mesh):
-    from partir_plugin.kernel import default_registry
+    from partir_plugin.plugin.manager import default_registry
 
     from partir_plugin.core.mesh import Mesh
     from partir_plugin.core.state import PartitionState
