@@ -28,8 +28,7 @@ from .metadata import TacticReport
 from .records import ProgramIndex, attribute_tactics, collective_sites
 from .simulation import HardwareSpec, SimulationResult
 from .spmd.collectives import sliced_all_reduces
-from .spmd.halo import halo_warnings_quiet
-from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
+from .spmd.lowering import LoweringCache, SpmdProgram, emit_diagnostics, lower_to_spmd
 from .spmd.masking import padding_report
 
 
@@ -177,7 +176,7 @@ class TacticReports(Sequence[TacticReport]):
         return self._rows
 
     def _make(self) -> list[TacticReport]:
-        with gc_paused(), halo_warnings_quiet():
+        with gc_paused():
             cache, memo, rows = LoweringCache(), {}, []
             index = self._index or (ProgramIndex(self._after[0].state) if self._after
                                     else None)
@@ -370,6 +369,9 @@ def _apply_schedule(func, leaves, mesh, schedule, hardware, registry, arg_names,
     # `after[-1].state` is `state` itself (and `finish` changed it in place), so the final
     # program is also the last row's.
     program = lower_to_spmd(state)
+    # What the lowering found to say (a HaloWarning), once, about the program that runs (the
+    # rows' lowerings of earlier tactics' programs say nothing).
+    emit_diagnostics(program, stacklevel=4)
     # The report's rows share the index (parsed locations, op numbers) the names need.
     index = ProgramIndex(state)
     program.op_names = collective_names(program, state, [(t.name, t.state) for t in after],

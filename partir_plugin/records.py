@@ -23,8 +23,8 @@ from .ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file
 from .simulation import CollectiveCost, SimulationResult
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.layout import Layout
-from .spmd.lowering import _LAYOUT_OPS as LAYOUT_OPS
 from .spmd.provenance import Conversion, Movement
+from .spmd.rules.regather import LAYOUT_OPS
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
 

@@ -1,0 +1,56 @@
+"""What lowering an op in its loop nest needs that no other op's lowering changes: the layouts
+its inputs are converted to, its results' layouts and local types, its masks, and the lowering
+rules that apply to it (`spmd/rules/`), decided once per distinct (op name, types, nest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..core.mesh import Mesh
+from ..core.tmr import Sum, TMREntry, pending_sums
+from ..ir.graph import Op
+from ..ir.types import TensorType
+from .accumulation import CHAIN_OPS, LINEAR_OPERANDS
+from .layout import Layout
+from .masking import Mask, masks
+
+if TYPE_CHECKING:
+    from .rules.base import LoweringRule
+
+Nest = tuple[tuple[str, TMREntry], ...]  # an op's loop nest: (mesh axis, TMR entry), outer first
+
+
+def produced_layouts(op: Op, nest: Nest, forwarded: tuple, mesh: Mesh) -> list[Layout]:
+    """The layouts the op makes its results in: tiled as the nest tiles them, with the sums
+    it leaves pending (after the ones it forwards)."""
+    return [Layout.from_tiles(r.type.rank, [(a, e.results[j]) for a, e in nest
+                                            if not isinstance(e.results[j], Sum)],
+                              [*forwarded, *pending_sums(nest, j)], mesh)
+            for j, r in enumerate(op.results)]
+
+
+@dataclass(eq=False)
+class OpPlan:
+    """Shared by the ops of one name, types and nest (`_Lowering._plan`). Most ops match no
+    rule: lowered as the op itself on local shapes, the lowering asks no rule op by op."""
+
+    wanted: tuple[Layout, ...]
+    produced: tuple[Layout, ...]  # with no sums forwarded (`accumulation.forwarded_sum`)
+    result_types: tuple[TensorType, ...]
+    masks: tuple[Mask, ...]
+    own: tuple[str, ...]  # the axes of entries whose partials only the op's reducer combines
+    may_forward: bool  # a linear or shape op, which may forward a pending sum
+    rules: tuple[LoweringRule, ...] = field(default=())  # set by `rules.registry.plan_rules`
+
+    @classmethod
+    def make(cls, op: Op, nest: Nest, mesh: Mesh) -> OpPlan:
+        wanted = tuple(Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
+                                                       if e.operands[i] is not None], mesh=mesh)
+                       for i, v in enumerate(op.inputs))
+        produced = tuple(produced_layouts(op, nest, (), mesh))
+        result_types = tuple(lay.local_type(r.type, mesh) for lay, r in zip(produced, op.results))
+        own = tuple(a for a, e in nest
+                    if any(isinstance(r, Sum) and not r.pending for r in e.results))
+        return cls(wanted, produced, result_types, tuple(masks(op, nest, mesh)), own,
+                   op.name in CHAIN_OPS or op.name in LINEAR_OPERANDS)
