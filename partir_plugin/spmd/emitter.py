@@ -5,6 +5,7 @@ rules share (per-device tables, padded tiles' bounds, slices, selects)."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from ..core.mesh import Mesh
 from ..core.padding import tile_bounds
@@ -12,6 +13,9 @@ from ..ir.attributes import i64_array
 from ..ir.graph import Block, Op, Region, Value
 from ..ir.types import TensorType
 from .collectives import mark
+
+if TYPE_CHECKING:
+    from .redistribution import RedistributionPlan
 
 _REDUCER_OPS = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
                 "mul": "stablehlo.multiply", "and": "stablehlo.and", "or": "stablehlo.or"}
@@ -59,13 +63,14 @@ class Emitter:
         self.mesh = mesh
         self.block = block
         self._device: Value | None = None
-        self.plans: list = []  # redistribution plans emitted by `convert`, in order
+        self.plans: list[RedistributionPlan] = []  # emitted by `convert`, in order
         # The op of the partitioned program whose code is being emitted: every emitted op
         # keeps its location (profiles name the user's op and line) and has it as `origin`
         # until a conversion marks its collectives (`provenance.mark_origin`).
         self.serving: Op | None = None
 
-    def emit(self, name, operands, result_types, attrs=None, regions=None) -> Op:
+    def emit(self, name: str, operands: list[Value], result_types, attrs: dict | None = None,
+             regions: list[Region] | None = None) -> Op:
         op = Op(name, operands, result_types, attrs, regions)
         serving = self.serving
         if serving is not None:

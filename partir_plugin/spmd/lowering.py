@@ -29,7 +29,7 @@ from .collectives import count_collectives
 from .convert import convert
 from .emitter import Emitter
 from .layout import Layout
-from .op_plan import Nest, OpPlan, produced_layouts
+from .op_plan import PLANNED_PER_OP, Nest, OpPlan, produced_layouts
 from .provenance import Conversion, mark_origin
 from .rules.base import RuleContext
 from .rules.regather import Regathered
@@ -342,9 +342,9 @@ class _Lowering:
     def _plan(self, op: Op, nest: Nest) -> OpPlan:
         """The op's `OpPlan` in `nest`, one object per distinct plan, with its rules. A plan
         depends on the op's name, types and nest alone (a gather's masks and rules also on
-        its dimension numbers: planned per op), and a program has few distinct ones (148 for
-        the 8.8k ops of a 16-layer decoder): shared by value."""
-        if op.name == "stablehlo.gather":
+        its dimension numbers: `PLANNED_PER_OP`), and a program has few distinct ones (148
+        for the 8.8k ops of a 16-layer decoder): shared by value."""
+        if op.name in PLANNED_PER_OP:
             key = (op, nest)
         else:
             key = (op.name, nest, tuple([v.type for v in op.inputs]),

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 Nest = tuple[tuple[str, TMREntry], ...]  # an op's loop nest: (mesh axis, TMR entry), outer first
 
+# Ops whose masks and rules depend on attributes besides their types (a gather's dimension
+# numbers: an embedding lookup or not): planned per op, not per name, types and nest.
+PLANNED_PER_OP = frozenset({"stablehlo.gather"})
+
 
 def produced_layouts(op: Op, nest: Nest, forwarded: tuple, mesh: Mesh) -> list[Layout]:
     """The layouts the op makes its results in: tiled as the nest tiles them, with the sums

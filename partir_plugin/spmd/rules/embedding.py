@@ -127,12 +127,12 @@ def _exchanged_scatter(ctx: RuleContext, axes: tuple[str, ...]) -> list[tuple[Va
     # Sum entry's (`masking.py`).
     for mask in masks(op, tuple((a, e) for a, e in nest if a not in axes), mesh):
         local[mask.operand - 1] = apply_mask(em, local[mask.operand - 1], mask)
-    local_ids, local_updates = local
+    own_ids, own_updates = local
     zeros = em.splat(0, produced.local_type(result.type, mesh))
     rows = zeros.type.shape[k]
-    shifted = local_ids(em, result.type.shape[k], local_ids, axes, clamp=False)
-    local_updates = zero_foreign_rows(em, local_updates, shifted, result.type.shape[k], axes,
-                                      update_window_dims(op))
+    shifted = local_ids(em, result.type.shape[k], own_ids, axes, clamp=False)
+    own_updates = zero_foreign_rows(em, own_updates, shifted, result.type.shape[k], axes,
+                                    update_window_dims(op))
     t = shifted.type
     clamped = em.emit("stablehlo.clamp", [em.splat(0, t), shifted, em.splat(rows - 1, t)],
                       [t]).results[0]
@@ -140,7 +140,7 @@ def _exchanged_scatter(ctx: RuleContext, axes: tuple[str, ...]) -> list[tuple[Va
     if "unique_indices" in attrs:  # foreign ids are clamped onto the same rows
         attrs["unique_indices"] = "false"
     regions = [clone_region(r, {}) for r in op.regions]
-    x = em.emit(op.name, [zeros, clamped, local_updates], [zeros.type], attrs,
+    x = em.emit(op.name, [zeros, clamped, own_updates], [zeros.type], attrs,
                 regions).results[0]
     return [(x, produced)]
 
@@ -159,13 +159,13 @@ def local_ids(em: Emitter, vocab: int, ids: Value, axes: tuple[str, ...],
     return em.emit("stablehlo.subtract", [clamped, em.broadcast(start, t)], [t]).results[0]
 
 
-def zero_foreign_rows(em: Emitter, values: Value, local_ids: Value, vocab: int,
+def zero_foreign_rows(em: Emitter, values: Value, ids: Value, vocab: int,
                       axes: tuple[str, ...], window_dims: list[int]) -> Value:
     """Rows of `values` (a lookup's result or a scatter's updates: the dimensions not in
     `window_dims` follow the ids) whose id is not among this tile's valid rows of the
     `vocab` tiled over `axes` are zero, so the tiles' partial results add up (a padded
     tile's padding rows are no vocabulary rows, whatever they hold)."""
-    t = local_ids.type
+    t = ids.type
     sizes = [em.mesh.axis_size(a) for a in axes]
     if is_padded(vocab, sizes):
         valid = em.emit("stablehlo.convert", [em.per_device(em.tile_valid(vocab, axes))],
@@ -174,9 +174,9 @@ def zero_foreign_rows(em: Emitter, values: Value, local_ids: Value, vocab: int,
     else:
         limit = em.splat(local_extent(vocab, sizes), t)
     pred_t = TensorType(t.shape, "i1")
-    ge = em.emit("stablehlo.compare", [local_ids, em.splat(0, t)], [pred_t],
+    ge = em.emit("stablehlo.compare", [ids, em.splat(0, t)], [pred_t],
                  {"comparison_direction": "#stablehlo<comparison_direction GE>"}).results[0]
-    lt = em.emit("stablehlo.compare", [local_ids, limit], [pred_t],
+    lt = em.emit("stablehlo.compare", [ids, limit], [pred_t],
                  {"comparison_direction": "#stablehlo<comparison_direction LT>"}).results[0]
     inside = em.emit("stablehlo.and", [ge, lt], [pred_t]).results[0]
     # indices [..., 1] -> the result's batch dimensions (those not in offset_dims).
