@@ -283,17 +283,15 @@ class _Lowering:
         nest = self.state.nest_of(op)
         plan = self._plan(op, nest)
         ctx = None
-        if plan.rules:
-            ctx = RuleContext(op, nest, plan, self.em, self.state,
-                              [self.local[v][1] for v in op.inputs], self.use,
-                              self.diagnostics)
-            for rule in plan.rules:
+        if plan.early:
+            ctx = self._context(op, nest, plan)
+            for rule in plan.early:
                 replaced = rule.replace(ctx)
                 if replaced is not None:
                     for r, local in zip(op.results, replaced):
                         self.local[r] = local
                     return
-            for rule in plan.rules:  # on every lowering: the incoming layouts are no key
+            for rule in plan.early:  # on every lowering: the incoming layouts are no key
                 rule.check(ctx)
         wanted = plan.wanted
         forwarded = self._forwarded_sum(op, wanted) if plan.may_forward else ()
@@ -320,7 +318,7 @@ class _Lowering:
         if op.regions:  # few ops have any: their captures map into the copies
             env = dict(zip(op.captures, inputs[len(op.operands):]))
             regions = [clone_region(r, env) for r in op.regions]
-        if ctx is None:
+        if not plan.rules:
             attrs = op.attributes
             if op.name in _SHAPED_ATTRIBUTES:
                 attrs = dict(attrs)
@@ -330,6 +328,7 @@ class _Lowering:
         else:
             attrs = dict(op.attributes)
             _rewrite_attributes(op, attrs, operands, plan.result_types)
+            ctx = ctx or self._context(op, nest, plan)
             ctx.produced = produced
             results = lower_with_rules(ctx, operands, attrs, regions)
         for r, x, lay in zip(op.results, results, produced):
@@ -338,6 +337,10 @@ class _Lowering:
             self.cache.ops[key] = _Segment(self.body.ops[start:], inputs,
                                            [self.local[r] for r in op.results],
                                            self.diagnostics[reported:])
+
+    def _context(self, op: Op, nest: Nest, plan: OpPlan) -> RuleContext:
+        return RuleContext(op, nest, plan, self.em, self.state,
+                           [self.local[v][1] for v in op.inputs], self.use, self.diagnostics)
 
     def _plan(self, op: Op, nest: Nest) -> OpPlan:
         """The op's `OpPlan` in `nest`, one object per distinct plan, with its rules. A plan
@@ -352,7 +355,7 @@ class _Lowering:
         plan = self.op_plans.get(key)
         if plan is None:
             plan = self.op_plans[key] = OpPlan.make(op, nest, self.mesh)
-            plan.rules = plan_rules(op, nest, plan, self.mesh, self.as_produced)
+            plan_rules(op, nest, plan, self.mesh, self.as_produced)
         return plan
 
     def _forwarded_sum(self, op: Op, wanted: tuple[Layout, ...]) -> tuple:

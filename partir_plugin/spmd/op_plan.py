@@ -46,6 +46,9 @@ class OpPlan:
     own: tuple[str, ...]  # the axes of entries whose partials only the op's reducer combines
     may_forward: bool  # a linear or shape op, which may forward a pending sum
     rules: tuple[LoweringRule, ...] = field(default=())  # set by `rules.registry.plan_rules`
+    # Those of `rules` that check the incoming layouts or replace the op's lowering: asked
+    # before the cache (`LoweringRule.check`, `LoweringRule.replace`).
+    early: tuple[LoweringRule, ...] = field(default=())
 
     @classmethod
     def make(cls, op: Op, nest: Nest, mesh: Mesh) -> OpPlan:

@@ -43,12 +43,16 @@ class RuleContext:
 class LoweringRule:
     """One feature's lowering; the hooks a rule does not override change nothing."""
 
+    # The ops it lowers, by name (None: any op its `matches` accepts), as jax registers a
+    # lowering per primitive: the registry asks only these rules about an op.
+    ops: ClassVar[frozenset[str] | None] = None
     # A rule that makes results in other layouts than the op's TMR entries (an exchanged
     # scatter): not applied where the results must be as produced (the TMR verifier).
     changes_layouts: ClassVar[bool] = False
 
     def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        raise NotImplementedError
+        """Does the rule apply to `op` (one of `ops`) in `nest`? Asked once per op plan."""
+        return True
 
     def check(self, ctx: RuleContext) -> None:
         """Append diagnostics about the incoming layouts to `ctx.diagnostics`."""

@@ -10,17 +10,14 @@ whatever XLA folds."""
 
 from __future__ import annotations
 
-from ...core.mesh import Mesh
 from ...ir.graph import Op, Value
 from ...ir.types import TensorType
 from ..emitter import Emitter
-from ..op_plan import Nest, OpPlan
 from .base import LoweringRule, RuleContext
 
 
 class DynamicSliceClamp(LoweringRule):
-    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name == "stablehlo.dynamic_slice"
+    ops = frozenset({"stablehlo.dynamic_slice"})
 
     def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
                ) -> list[Value]:

@@ -40,6 +40,8 @@ from .base import LoweringRule, RuleContext
 class EmbeddingLookup(LoweringRule):
     """A gather indexing a table tiled on its vocabulary."""
 
+    ops = frozenset({"stablehlo.gather"})
+
     def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
         return bool(_vocab_axes(op, nest))
 
@@ -67,11 +69,11 @@ class ScatterExchange(LoweringRule):
     updates, where `exchange_axes` finds that cheaper: ids and updates gathered over those
     axes, the ids shifted into this device's rows, the updates of other rows zeroed."""
 
+    ops = frozenset({"stablehlo.scatter"})
     changes_layouts = True
 
     def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name == "stablehlo.scatter" and any(
-            isinstance(e.results[0], Sum) for _, e in nest)
+        return any(isinstance(e.results[0], Sum) for _, e in nest)
 
     def replace(self, ctx: RuleContext) -> list[tuple[Value, Layout]] | None:
         axes = exchange_axes(ctx.state, ctx.op, ctx.nest)

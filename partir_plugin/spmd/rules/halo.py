@@ -15,7 +15,6 @@ is not a neighbour's: that dimension is gathered, padded and sliced instead, wit
 
 from __future__ import annotations
 
-from ...core.mesh import Mesh
 from ...core.windows import (
     UNHALOED_OPS,
     WINDOWED_OPS,
@@ -33,7 +32,7 @@ from ...ir.types import TensorType
 from ..emitter import Emitter
 from ..layout import Layout
 from ..masking import WINDOW_PAD, apply_mask, masks
-from ..op_plan import Nest, OpPlan
+from ..op_plan import Nest
 from .base import LoweringRule, RuleContext
 
 
@@ -54,8 +53,7 @@ class GatheredWindow(LoweringRule):
     """A pad or select_and_scatter, which has no halo rule: a window dimension that arrives
     tiled is gathered (by the conversion to what its nest slices), and reported."""
 
-    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name in UNHALOED_OPS
+    ops = UNHALOED_OPS
 
     def check(self, ctx: RuleContext) -> None:
         ctx.diagnostics += gathered_windows(ctx.op, ctx.have, ctx.plan.wanted)
@@ -64,8 +62,7 @@ class GatheredWindow(LoweringRule):
 class HaloExchange(GatheredWindow):
     """A convolution or reduce_window: its operands extended by their halos."""
 
-    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name in WINDOWED_OPS
+    ops = WINDOWED_OPS
 
     def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
                ) -> list[Value]:
@@ -75,8 +72,7 @@ class HaloExchange(GatheredWindow):
 class PaddedScatter(GatheredWindow):
     """A padded select_and_scatter (a max-pool's gradient), with halos."""
 
-    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name == PADDED_SCATTER_OP
+    ops = frozenset({PADDED_SCATTER_OP})
 
     def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
              regions: list[Region]) -> list[Value]:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from ...core.mesh import Mesh
 from ...ir.attributes import parse_scalar
-from ...ir.graph import Op, Value
+from ...ir.graph import Value
 from ...ir.types import TensorType
-from ..op_plan import Nest, OpPlan
 from .base import LoweringRule, RuleContext
 
 
 class IotaOffset(LoweringRule):
-    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name == "stablehlo.iota"
+    ops = frozenset({"stablehlo.iota"})
 
     def after(self, ctx: RuleContext, results: list[Value], operands: list[Value]
               ) -> list[Value]:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ...core.mesh import Mesh
 from ...ir.attributes import parse_scalar
-from ...ir.graph import Op, Region, Value
+from ...ir.graph import Region, Value
 from ..emitter import Emitter
-from ..op_plan import Nest, OpPlan
 from ..provenance import Movement, mark_origin
 from .base import LoweringRule, RuleContext
 
@@ -20,8 +18,9 @@ class Marker(LoweringRule):
 
     op_name: ClassVar[str]
 
-    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name == self.op_name
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.ops = frozenset({cls.op_name})
 
     def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
              regions: list[Region]) -> list[Value]:

@@ -36,10 +36,11 @@ class IndexHints(LoweringRule):
     """A gather's or scatter's promise that its indices are sorted or unique does not hold
     for padded tiles of them (padding holds any index): dropped where an input is padded."""
 
+    ops = frozenset({"stablehlo.gather", "stablehlo.scatter"})
+
     def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name in ("stablehlo.gather", "stablehlo.scatter") and any(
-            lay.padded(v.type.shape, mesh) for v, lay in zip(op.inputs, plan.wanted)
-            if v.type.is_tensor)
+        return any(lay.padded(v.type.shape, mesh) for v, lay in zip(op.inputs, plan.wanted)
+                   if v.type.is_tensor)
 
     def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
                ) -> list[Value]:

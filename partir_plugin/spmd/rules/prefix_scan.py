@@ -26,8 +26,10 @@ _COMBINE = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehl
 class PrefixScan(LoweringRule):
     """A reduce_window that is a prefix scan of a tiled dimension (`ScanEntry`)."""
 
+    ops = frozenset({"stablehlo.reduce_window"})
+
     def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
-        return op.name == "stablehlo.reduce_window" and bool(scan_axes(nest))
+        return bool(scan_axes(nest))
 
     def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
              regions: list[Region]) -> list[Value]:

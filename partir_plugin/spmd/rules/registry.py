@@ -23,13 +23,23 @@ RULES: tuple[LoweringRule, ...] = (
     PrefixScan(), Roll(), Interleave(),
 )
 
+# The rules to ask about an op, by its name, in registry order.
+_ANY_OP = tuple(r for r in RULES if r.ops is None)
+_BY_NAME: dict[str, tuple[LoweringRule, ...]] = {
+    name: tuple(r for r in RULES if r.ops is None or name in r.ops)
+    for rule in RULES for name in rule.ops or ()}
+
 
 def plan_rules(op: Op, nest: Nest, plan: OpPlan, mesh: Mesh, as_produced: bool = False
-               ) -> tuple[LoweringRule, ...]:
-    """The rules that apply to `op` in `nest` (none: the op is lowered as itself on local
-    shapes); `as_produced` leaves out those that make other layouts than the TMR entries."""
-    return tuple(r for r in RULES if (not as_produced or not r.changes_layouts)
-                 and r.matches(op, nest, plan, mesh))
+               ) -> None:
+    """Set `plan.rules`, the rules that apply to `op` in `nest` (none: the op is lowered as
+    itself on local shapes), and `plan.early`; `as_produced` leaves out the rules that make
+    other layouts than the TMR entries."""
+    plan.rules = tuple(r for r in _BY_NAME.get(op.name, _ANY_OP)
+                       if (not as_produced or not r.changes_layouts)
+                       and r.matches(op, nest, plan, mesh))
+    plan.early = tuple(r for r in plan.rules if type(r).check is not LoweringRule.check
+                       or type(r).replace is not LoweringRule.replace)
 
 
 def lower_with_rules(ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
