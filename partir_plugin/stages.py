@@ -28,7 +28,7 @@ from .report.rows import TacticReports, tactic_report
 from .report.tactic_report import BASELINE
 from .runtime.executable import DeviceLocalFunction
 from .schedule import apply_schedule
-from .spmd.lowering import SpmdProgram
+from .spmd.lowering import SpmdProgram, emit_diagnostics
 
 
 @dataclass
@@ -69,6 +69,9 @@ def partition(traced: Traced, mesh, schedule: Sequence = (),
     with gc_paused():
         done = apply_schedule(traced.func, traced.leaves, mesh, tactics, options,
                               default_registry(), traced.arg_names, traced.out_names)
+        # What the lowering found to say (a HaloWarning), once, about the program that runs
+        # (the rows' lowerings of earlier tactics' programs say nothing).
+        emit_diagnostics(done.program, stacklevel=2)
         # The report's rows share the index (parsed locations, op numbers) the names need.
         index = ProgramIndex(done.state)
         done.program.op_names = collective_names(done.program, done.state,

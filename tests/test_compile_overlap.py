@@ -16,7 +16,7 @@ import pytest
 import partir_plugin as partir
 import partir_plugin.report.rows as rows
 from partir_plugin.runtime import compile_overlap
-from partir_plugin.spmd.halo import HaloWarning
+from partir_plugin.spmd.rules.halo import HaloWarning
 
 MESH = {"batch": 4, "model": 2}
 

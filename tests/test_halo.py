@@ -20,7 +20,7 @@ from partir_plugin.extend import PADDED_SCATTER_OP, verify_entry, verify_registr
 from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.plugin.manager import default_registry
-from partir_plugin.spmd.halo import HaloWarning
+from partir_plugin.spmd.rules.halo import HaloWarning
 
 MESH = {"m": 8}
 TILE_H = [partir.ManualPartition({"img": 1}, axis="m")]

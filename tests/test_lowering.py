@@ -8,8 +8,9 @@ from partir_plugin.core.mesh import Mesh
 from partir_plugin.ir.graph import Block
 from partir_plugin.ir.types import TensorType
 from partir_plugin.spmd.collectives import collective_axes, collective_kind
+from partir_plugin.spmd.convert import convert
+from partir_plugin.spmd.emitter import Emitter
 from partir_plugin.spmd.layout import Layout
-from partir_plugin.spmd.lowering import _Emitter, convert
 
 MESH = Mesh.of({"a": 4, "b": 2})
 GLOBAL = TensorType((32, 16), "f32")
@@ -17,7 +18,7 @@ GLOBAL = TensorType((32, 16), "f32")
 
 def _convert(src: Layout, dst: Layout):
     block = Block()
-    em = _Emitter(MESH, block)
+    em = Emitter(MESH, block)
     x = block.add_arg(src.local_type(GLOBAL, MESH))
     y = convert(em, x, src, dst)
     kinds = [(collective_kind(op), collective_axes(op)) for op in block.ops

@@ -369,13 +369,14 @@ def test_planned_collectives_over_a_sub_axis_are_labelled_with_it():
     from partir_plugin.ir.graph import Block
     from partir_plugin.ir.types import TensorType
     from partir_plugin.spmd.collectives import collective_axes, collective_kind
+    from partir_plugin.spmd.convert import convert
+    from partir_plugin.spmd.emitter import Emitter
     from partir_plugin.spmd.layout import Layout
-    from partir_plugin.spmd.lowering import _Emitter, convert
 
     mesh = Mesh.of({"batch": 2, "model": 8})
     src, dst = Layout((("model:(1)4",), ("model:(4)2",))), Layout(((), ("model",)))
     block = Block()
-    em = _Emitter(mesh, block)
+    em = Emitter(mesh, block)
     x = block.add_arg(src.local_type(TensorType((4, 64), "f32"), mesh))
     y = convert(em, x, src, dst)
     assert y.type.shape == (4, 8) and em.plans

@@ -166,11 +166,10 @@ def test_one_name_tags_every_layer_and_a_callable_selects_tags():
 
 
 def _state(fn, *shapes, mesh):
-    from partir_plugin.plugin.manager import default_registry
-
     from partir_plugin.core.mesh import Mesh
     from partir_plugin.core.state import PartitionState
     from partir_plugin.ir.importer import import_lowered
+    from partir_plugin.plugin.manager import default_registry
 
     args = [jax.ShapeDtypeStruct(s, np.float32) for s in shapes]
     func = import_lowered(jax.jit(fn).lower(*args))

@@ -13,7 +13,6 @@ from ..errors import UnknownNameError
 from ..ir.graph import walk
 from ..schedule import AfterTactic
 from ..spmd.collectives import sliced_all_reduces
-from ..spmd.halo import halo_warnings_quiet
 from ..spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 from ..spmd.masking import padding_report
 from .records import ProgramIndex, attribute_tactics, collective_sites
@@ -52,7 +51,7 @@ class TacticReports(Sequence[TacticReport]):
         return self._rows
 
     def _make(self) -> list[TacticReport]:
-        with gc_paused(), halo_warnings_quiet():
+        with gc_paused():
             cache, memo, rows = LoweringCache(), {}, []
             index = self._index or (ProgramIndex(self._after[0].state) if self._after
                                     else None)

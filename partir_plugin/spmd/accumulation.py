@@ -18,11 +18,14 @@ keeps it on one device of each group (`lowering.convert`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from ..core.rules.reductions import is_zero
 from ..core.state import PartitionState
 from ..core.tmr import Sum, pending_sums
 from ..ir.graph import Op, Value
 from ..ir.opsets import PARTITIONED_REGIONS, PENDING_SUM_CHAIN
+from .layout import Layout
 
 Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
 
@@ -49,6 +52,31 @@ def linear_operands(op: Op, chain: frozenset[Op] | set[Op] = frozenset()) -> tup
         return ()
     which = LINEAR_OPERANDS[op.name]
     return tuple(range(len(op.operands))) if which is None else which
+
+
+def forwarded_sum(op: Op, wanted: Sequence[Layout], have: Callable[[int], Layout],
+                  chain: frozenset[Op] | set[Op]) -> Partial:
+    """The pending sum `op` runs on, given the layout its operand i has, `have(i)` (asked in
+    operand order, linear operands first), and the layouts its nest consumes them in,
+    `wanted`: when every linear operand (`linear_operands`) is the same
+    partial sum (over the same axes, reduced by add) in the tiling the op consumes it in, and
+    no other operand is a partial sum, `Σ a_i + Σ b_i = Σ (a_i + b_i)`: the op runs on the
+    partials and one all_reduce follows instead of one per input (the backward pass of
+    separate q/k/v projections; a gradient accumulated in a loop). The one rule of both the
+    prediction (`PendingSums`) and the lowering."""
+    which = linear_operands(op, chain)
+    if not which:
+        return ()
+    partials = set()
+    for i in which:
+        layout = have(i)
+        if layout.dims != wanted[i].dims or not layout.partial:
+            return ()
+        partials.add(layout.partial)
+    if any(have(i).partial for i in range(len(op.operands)) if i not in which):
+        return ()
+    (partial,) = partials if len(partials) == 1 else ((),)
+    return partial if all(kind == "add" for _, kind in partial) else ()
 
 
 class PendingSums:
@@ -90,40 +118,40 @@ class PendingSums:
         return (*self.forwarded(op), *pending_sums(nest, j))
 
     def forwarded(self, op: Op, assume: dict[Value, Partial] | None = None) -> Partial:
-        """The pending sum `op` runs on: its linear operands all carry the same one (of
-        additions) in the tiling the op consumes them in, its other operands none. `assume`
-        overrides the prediction for some operands (a loop's accumulator being decided)."""
+        """The pending sum `op` will run on (`forwarded_sum`, on the layouts its operands are
+        predicted to have). `assume` overrides the prediction for some operands (a loop's
+        accumulator being decided)."""
         chain = {op} if self._tentative else self.chain
-        which = linear_operands(op, chain)
-        if not which:
+        if not linear_operands(op, chain):
             return ()
         assume = assume or {}
+        mesh = self.state.mesh
         nest = self.state.nest_of(op)
-        sums = set()
-        for i in which:
-            v = op.operands[i]
-            wanted = sorted((a, e.operands[i]) for a, e in nest if e.operands[i] is not None)
-            if self._produced_tiles(v) != wanted:
-                return ()
-            sums.add(assume[v] if v in assume else self.of(v))
-        if len(sums) != 1:
-            return ()
-        (partial,) = sums
-        if not partial or any(kind != "add" for _, kind in partial):
-            return ()
-        if any(self.of(op.operands[i]) for i in range(len(op.operands)) if i not in which):
-            return ()
-        return partial
+        wanted = [Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
+                                                  if e.operands[i] is not None], mesh=mesh)
+                  for i, v in enumerate(op.operands)]
 
-    def _produced_tiles(self, v: Value) -> list[tuple[str, int]]:
+        def have(i: int) -> Layout:
+            v = op.operands[i]
+            dims = self._produced_dims(v)
+            if dims != wanted[i].dims:  # forwards nothing whatever its sum: not predicted
+                return Layout(dims)
+            return Layout(dims, assume[v] if v in assume else self.of(v))
+
+        return forwarded_sum(op, wanted, have, chain)
+
+    def _produced_dims(self, v: Value) -> tuple[tuple[str, ...], ...]:
         """The tiling `v` has as its producer makes it (an op result's, from the op's loop
         nest; it may differ from the value's declared tiling, which a conversion reaches)."""
         op = v.producer
+        mesh = self.state.mesh
         if op is None or op.name in PARTITIONED_REGIONS:
-            return sorted(self.state.tiles_of(v))
+            return Layout.from_tiles(v.type.rank, self.state.tiles_of(v), mesh=mesh).dims
         j = op.results.index(v)
-        return sorted((a, e.results[j]) for a, e in self.state.nest_of(op)
-                      if not isinstance(e.results[j], Sum))
+        return Layout.from_tiles(v.type.rank, [(a, e.results[j]) for a, e in
+                                               self.state.nest_of(op)
+                                               if not isinstance(e.results[j], Sum)],
+                                 mesh=mesh).dims
 
     def _accumulated(self, loop: Op, k: int) -> Partial:
         body = loop.regions[1].blocks[0]

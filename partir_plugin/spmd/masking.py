@@ -126,18 +126,3 @@ def padding_report(state) -> list[str]:
         count = f"{values[p]} value{'s' if values[p] > 1 else ''}"
         lines.append(f"pad {p}; {count}; masks: {sum(found.values())} ({listed})")
     return lines
-
-
-_INDEX_HINTS = ("indices_are_sorted", "unique_indices")
-
-
-def drop_index_hints(op: Op, attrs: dict[str, str], wanted, mesh: Mesh) -> None:
-    """A gather's or scatter's promise that its indices are sorted or unique does not hold
-    for padded tiles of them (padding holds any index): dropped where an input is padded."""
-    if op.name not in ("stablehlo.gather", "stablehlo.scatter"):
-        return
-    if any(lay.padded(v.type.shape, mesh) for v, lay in zip(op.inputs, wanted)
-           if v.type.is_tensor):
-        for key in _INDEX_HINTS:
-            if key in attrs:
-                attrs[key] = "false"

@@ -7,7 +7,9 @@ from ..core.mesh import Mesh
 from ..ir.graph import Block, Func
 from ..ir.printer import print_func
 from ..ir.types import TensorType, element_type_of
-from .lowering import _Emitter, emit_plan, spmd_module_attrs
+from .convert import emit_plan
+from .emitter import Emitter
+from .lowering import spmd_module_attrs
 from .redistribution import RedistributionPlan
 
 
@@ -15,7 +17,7 @@ def module_text(plan: RedistributionPlan, dtype=None) -> str:
     """The device-local module applying `plan`: `main(src tile) -> dst tile`."""
     mesh = Mesh.of(plan.mesh)
     body = Block()
-    em = _Emitter(mesh, body)
+    em = Emitter(mesh, body)
     element = element_type_of(plan.dtype if dtype is None else dtype)
     x = body.add_arg(TensorType(tuple(plan.src_local_shape), element))
     y = emit_plan(em, x, plan)

@@ -10,10 +10,21 @@ move (q ≡ 0 mod n, r = 0).
 
 from __future__ import annotations
 
-from ..ir.graph import Value
+from ...ir.dialect import ROLL_OP
+from ...ir.graph import Value
+from ..emitter import Emitter
+from .markers import Marker
 
 
-def lower_roll(em, x: Value, shift: int, dim: int, axes: tuple[str, ...]) -> Value:
+class Roll(Marker):
+    op_name = ROLL_OP
+
+    def move(self, em: Emitter, x: Value, attrs: dict, dim: int, axes: tuple[str, ...]
+             ) -> Value:
+        return lower_roll(em, x, attrs["shift"], dim, axes)
+
+
+def lower_roll(em: Emitter, x: Value, shift: int, dim: int, axes: tuple[str, ...]) -> Value:
     """`x` (this device's block of a dimension tiled over `axes`, or the whole dimension when
     `axes` is empty) rolled by the global `shift` along `dim`."""
     b = x.type.shape[dim]
@@ -27,7 +38,7 @@ def lower_roll(em, x: Value, shift: int, dim: int, axes: tuple[str, ...]) -> Val
     return em.concatenate([em.slice(tail, dim, b - r, b), em.slice(head, dim, 0, b - r)], dim)
 
 
-def _rotate_blocks(em, x: Value, steps: int, axes: tuple[str, ...]) -> Value:
+def _rotate_blocks(em: Emitter, x: Value, steps: int, axes: tuple[str, ...]) -> Value:
     """Device p gets block p − steps (mod n) along `axes`."""
     groups = em.mesh.groups(tuple(axes))
     n = len(groups[0])
@@ -37,7 +48,7 @@ def _rotate_blocks(em, x: Value, steps: int, axes: tuple[str, ...]) -> Value:
     return em.collective_permute(x, pairs, axes)
 
 
-def _local_roll(em, x: Value, r: int, dim: int) -> Value:
+def _local_roll(em: Emitter, x: Value, r: int, dim: int) -> Value:
     if r == 0:
         return x
     b = x.type.shape[dim]

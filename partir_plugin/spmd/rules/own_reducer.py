@@ -15,16 +15,36 @@ Every element of the global top k is among the top k of its own tile, so this is
 
 from __future__ import annotations
 
-from ..core.padding import tile_bounds
-from ..ir.attributes import i64_array, parse_scalar
-from ..ir.graph import Block, Op, Region, Value, clone_region
-from ..ir.opsets import Reduction
-from ..ir.types import TensorType
+from ...core.mesh import Mesh
+from ...core.padding import tile_bounds
+from ...ir.attributes import i64_array, parse_scalar
+from ...ir.graph import Block, Op, Region, Value, clone_region
+from ...ir.opsets import Reduction
+from ...ir.types import TensorType
+from ..emitter import Emitter
+from ..op_plan import Nest, OpPlan
+from .base import LoweringRule, RuleContext
 
 TOP_K = "chlo.top_k"
 
 
-def own_identity(em, op: Op, operands: list[Value], i: int) -> Value:
+class OwnReducer(LoweringRule):
+    """An op whose nest has entries only its own reducer combines (`plan.own`): run per
+    tile, its partials gathered and reduced again."""
+
+    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
+        return bool(plan.own)
+
+    def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
+               ) -> list[Value]:
+        return local_operands(ctx.em, ctx.op, operands)
+
+    def after(self, ctx: RuleContext, results: list[Value], operands: list[Value]
+              ) -> list[Value]:
+        return combine_partials(ctx.em, ctx.op, results, operands, ctx.plan.own)
+
+
+def own_identity(em: Emitter, op: Op, operands: list[Value], i: int) -> Value:
     """What padding in operand i becomes: the reduce's init value, or -inf for top_k."""
     if op.name == TOP_K:
         element = operands[i].type.element
@@ -32,7 +52,7 @@ def own_identity(em, op: Op, operands: list[Value], i: int) -> Value:
     return operands[len(op.operands) // 2 + i]
 
 
-def local_operands(em, op: Op, operands: list[Value]) -> list[Value]:
+def local_operands(em: Emitter, op: Op, operands: list[Value]) -> list[Value]:
     """The operands the op runs on per tile: top_k needs at least k elements, so a tile
     shorter than k is padded with -inf (positions past its valid rows)."""
     if op.name != TOP_K:
@@ -50,7 +70,7 @@ def local_operands(em, op: Op, operands: list[Value]) -> list[Value]:
                      "interior_padding": i64_array([0] * x.type.rank)}).results[0]]
 
 
-def combine_partials(em, op: Op, partials: list[Value], operands: list[Value],
+def combine_partials(em: Emitter, op: Op, partials: list[Value], operands: list[Value],
                      axes: tuple[str, ...]) -> list[Value]:
     """The op's results from this device's partials, combined over `axes`."""
     if op.name == TOP_K:
@@ -66,7 +86,8 @@ def combine_partials(em, op: Op, partials: list[Value], operands: list[Value],
                    ).results
 
 
-def _combine_top_k(em, op: Op, partials: list[Value], axes: tuple[str, ...]) -> list[Value]:
+def _combine_top_k(em: Emitter, op: Op, partials: list[Value], axes: tuple[str, ...]
+                   ) -> list[Value]:
     values, local = partials
     result_types = [values.type, local.type]  # local: other dimensions may be tiled too
     n = op.operands[0].type.shape[-1]

@@ -1,5 +1,5 @@
-"""Lowering a tiled scan (`core/rules/prefix_scan.py`): cumsum, cummax, cumprod over a tiled
-dimension.
+"""Lowering a tiled prefix scan (`core/rules/prefix_scan.py`): cumsum, cummax, cumprod over a
+tiled dimension.
 
 Each device scans its own tile (the reduce_window with its window and padding cut to the
 tile), then combines every row with the carry: the reduction of the tile totals before its
@@ -11,16 +11,34 @@ uneven dimension) was set to the identity by the lowering's masks, so it adds no
 
 from __future__ import annotations
 
-from ..core.rules.prefix_scan import ScanEntry
-from ..ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
-from ..ir.graph import Op, Region, Value, clone_region
-from ..ir.types import TensorType
+from ...core.mesh import Mesh
+from ...core.rules.prefix_scan import ScanEntry
+from ...ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
+from ...ir.graph import Op, Region, Value, clone_region
+from ...ir.types import TensorType
+from ..emitter import Emitter
+from ..op_plan import Nest, OpPlan
+from .base import LoweringRule, RuleContext
 
 _COMBINE = {"add": "stablehlo.add", "max": "stablehlo.maximum", "min": "stablehlo.minimum",
             "mul": "stablehlo.multiply"}
 
 
-def scan_axes(nest) -> dict[int, tuple[ScanEntry, tuple[str, ...]]]:
+class PrefixScan(LoweringRule):
+    """A reduce_window that is a prefix scan of a tiled dimension (`ScanEntry`)."""
+
+    ops = frozenset({"stablehlo.reduce_window"})
+
+    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
+        return bool(scan_axes(nest))
+
+    def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
+             regions: list[Region]) -> list[Value]:
+        return [lower_scan(ctx.em, ctx.op, scan_axes(ctx.nest), operands, attrs,
+                           ctx.plan.result_types[0], regions)]
+
+
+def scan_axes(nest: Nest) -> dict[int, tuple[ScanEntry, tuple[str, ...]]]:
     """The scanned dimensions of an op's loop nest, each with its entry and axes (major
     first)."""
     found: dict[int, tuple[ScanEntry, list[str]]] = {}
@@ -30,7 +48,7 @@ def scan_axes(nest) -> dict[int, tuple[ScanEntry, tuple[str, ...]]]:
     return {d: (e, tuple(axes)) for d, (e, axes) in found.items()}
 
 
-def lower_scan(em, op: Op, scans: dict, operands: list[Value], attrs: dict[str, str],
+def lower_scan(em: Emitter, op: Op, scans: dict, operands: list[Value], attrs: dict[str, str],
                result: TensorType, regions: list[Region]) -> Value:
     """The reduce_window `op` on this device's tiles of its scanned dimensions `scans`
     (`scan_axes`), finished with the carry of the other tiles."""
@@ -49,7 +67,7 @@ def lower_scan(em, op: Op, scans: dict, operands: list[Value], attrs: dict[str, 
     return y
 
 
-def _with_carry(em, op: Op, y: Value, init: Value, d: int, entry: ScanEntry,
+def _with_carry(em: Emitter, op: Op, y: Value, init: Value, d: int, entry: ScanEntry,
                 axes: tuple[str, ...]) -> Value:
     n = y.type.shape[d]
     edge = em.slice(y, d, 0, 1) if entry.reverse else em.slice(y, d, n - 1, n)

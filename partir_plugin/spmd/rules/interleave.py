@@ -11,12 +11,24 @@ reorder it locally and slice it back.
 
 from __future__ import annotations
 
-from ..ir.attributes import i64_array
-from ..ir.graph import Value
-from ..ir.types import TensorType
+from ...ir.attributes import i64_array
+from ...ir.dialect import INTERLEAVE_OP
+from ...ir.graph import Value
+from ...ir.types import TensorType
+from ..emitter import Emitter
+from .markers import Marker
 
 
-def lower_interleave(em, x: Value, repeats: int, stages: int, inverse: bool,
+class Interleave(Marker):
+    op_name = INTERLEAVE_OP
+
+    def move(self, em: Emitter, x: Value, attrs: dict, dim: int, axes: tuple[str, ...]
+             ) -> Value:
+        return lower_interleave(em, x, attrs["repeats"], attrs["stages"], attrs["inverse"],
+                                axes)
+
+
+def lower_interleave(em: Emitter, x: Value, repeats: int, stages: int, inverse: bool,
                      axes: tuple[str, ...]) -> Value:
     """`x` (this device's block of the stack, or the whole stack when `axes` is empty) in the
     interleaved layer order (`inverse`: back in layer order)."""
@@ -51,7 +63,7 @@ def lower_interleave(em, x: Value, repeats: int, stages: int, inverse: bool,
     return em.concatenate(slots, 0)
 
 
-def _local(em, x: Value, repeats: int, stages: int, inverse: bool) -> Value:
+def _local(em: Emitter, x: Value, repeats: int, stages: int, inverse: bool) -> Value:
     """The reordering on a whole stack: reshape to [major, minor, chunk...], swap, reshape."""
     shape = x.type.shape
     per = shape[0] // (repeats * stages)

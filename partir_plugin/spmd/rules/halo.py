@@ -1,4 +1,4 @@
-"""Halo exchange: the lowering of a `HaloEntry` (core/rules/halo.py).
+"""Halo exchange: the lowering of a `HaloEntry` (core/windows.py).
 
 Device j of k along the tiling axes holds rows `[j·n, (j+1)·n)` of a windowed op's input and
 computes its own output rows (n = ceil(size/k): a padded tile's padding is first set to the
@@ -9,30 +9,25 @@ collective_permute. Rows beyond the global
 ends are the op's padding value (0 for a convolution, the init value for reduce_window, so a
 max-pool over negative inputs never sees a zero); the op then runs with local padding that makes
 it compute exactly this device's rows. A halo wider than a tile (a big window over small tiles)
-is not a neighbour's: that dimension is gathered, padded and sliced instead, with a warning.
+is not a neighbour's: that dimension is gathered, padded and sliced instead, with a
+`HaloWarning` among the program's diagnostics (the driver emits them).
 """
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
-from contextvars import ContextVar
-
-from ..core.rules.halo import (
-    Halo,
-    HaloEntry,
-    HaloRows,
-    no_halo_reason,
-    windowed_dims,
-)
-from ..ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
-from ..ir.graph import Op, Region, Value
-from ..ir.locations import parse_location
-from ..ir.passes.padded_scatter import WINDOW_ATTRS
-from ..ir.types import TensorType
-from .layout import Layout
-from .masking import WINDOW_PAD, apply_mask, masks
+from ...core.rules.halo import Halo, HaloEntry, HaloRows, no_halo_reason, windowed_dims
+from ...ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
+from ...ir.dialect import PADDED_SCATTER_OP
+from ...ir.graph import Op, Region, Value
+from ...ir.locations import parse_location
+from ...ir.opsets import UNHALOED_OPS, WINDOWED_OPS
+from ...ir.passes.padded_scatter import WINDOW_ATTRS
+from ...ir.types import TensorType
+from ..emitter import Emitter
+from ..layout import Layout
+from ..masking import WINDOW_PAD, apply_mask, masks
+from ..op_plan import Nest
+from .base import LoweringRule, RuleContext
 
 
 class HaloWarning(UserWarning):
@@ -48,13 +43,41 @@ def halo_axes(nest) -> list[tuple[Halo, tuple[str, ...]]]:
     return [(h, tuple(axes)) for h, axes in found.items()]
 
 
-def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, str],
-                    have: list[Layout], wanted: list[Layout]) -> list[Value]:
-    """The op's local operands with their halos, and `attrs["padding"]` made local. `have`
-    and `wanted` are the inputs' layouts as produced and as the op's nest slices them: a
-    window dimension that arrives tiled and is not sliced is being gathered, which is
-    reported (a HaloWarning) with the reason no halo entry applied."""
-    warn_gathered(op, have, wanted)
+class GatheredWindow(LoweringRule):
+    """A pad or select_and_scatter, which has no halo rule: a window dimension that arrives
+    tiled is gathered (by the conversion to what its nest slices), and reported."""
+
+    ops = UNHALOED_OPS
+
+    def check(self, ctx: RuleContext) -> None:
+        ctx.diagnostics += gathered_windows(ctx.op, ctx.have, ctx.plan.wanted)
+
+
+class HaloExchange(GatheredWindow):
+    """A convolution or reduce_window: its operands extended by their halos."""
+
+    ops = WINDOWED_OPS
+
+    def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
+               ) -> list[Value]:
+        return extend_operands(ctx.em, ctx.op, ctx.nest, operands, attrs, ctx.diagnostics)
+
+
+class PaddedScatter(GatheredWindow):
+    """A padded select_and_scatter (a max-pool's gradient), with halos."""
+
+    ops = frozenset({PADDED_SCATTER_OP})
+
+    def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
+             regions: list[Region]) -> list[Value]:
+        return [lower_padded_scatter(ctx.em, ctx.op, ctx.nest, operands,
+                                     ctx.plan.result_types[0], regions, ctx.diagnostics)]
+
+
+def extend_operands(em: Emitter, op: Op, nest: Nest, operands: list[Value],
+                    attrs: dict[str, str], diagnostics: list[Warning]) -> list[Value]:
+    """The op's local operands with their halos, and `attrs["padding"]` made local; a halo
+    wider than a neighbour's tile is gathered instead, which is reported in `diagnostics`."""
     if not any(isinstance(e, HaloEntry) for _, e in nest):
         return operands
     operands = list(operands)
@@ -73,7 +96,7 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
             if rows.one_hop:
                 operands[i] = _exchange(em, operands[i], halo.dim, rows, axes, fill)
             else:
-                _warn_wide(op, halo.dim, rows, axes, k)
+                diagnostics.append(_wide(op, halo.dim, rows, axes, k))
                 operands[i] = _gathered_window(em, operands[i], halo.dim, rows, axes, fill)
         pads[halo.pad_row] = [rows.lo, rows.hi]
     if pads:
@@ -81,15 +104,14 @@ def extend_operands(em, op: Op, nest, operands: list[Value], attrs: dict[str, st
     return operands
 
 
-def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: TensorType,
-                         regions: list[Region], have: list[Layout], wanted: list[Layout]
+def lower_padded_scatter(em: Emitter, op: Op, nest: Nest, operands: list[Value],
+                         result: TensorType, regions: list[Region], diagnostics: list[Warning]
                          ) -> Value:
-    """A padded select_and_scatter (ir/passes/padded_scatter.py) as local pad, select_and_scatter
+    """A padded select_and_scatter (ir/padded_scatter.py) as local pad, select_and_scatter
     and slice. Along a dimension tiled by a halo entry the image arrives with its halos (the
     pad value past the global edges) and the source with its own (zeros past the edges: a
     window there scatters nothing), the pad is already in the extended image, and the slice
     keeps this device's rows."""
-    warn_gathered(op, have, wanted)
     x, source, init, fill = operands
     rank = x.type.rank
     fills = {(m.operand, m.dim): m for m in masks(op, nest, em.mesh)
@@ -113,7 +135,7 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
             x = _exchange(em, x, halo.dim, rows, axes, fill)
             source = _exchange(em, source, halo.dim, src, axes, zero)
         else:
-            _warn_wide(op, halo.dim, rows, axes, k)
+            diagnostics.append(_wide(op, halo.dim, rows, axes, k))
             x = _gathered_window(em, x, halo.dim, rows, axes, fill)
             source = _gathered_window(em, source, halo.dim, src, axes, zero)
         low[halo.dim] = high[halo.dim] = 0
@@ -139,45 +161,29 @@ def lower_padded_scatter(em, op: Op, nest, operands: list[Value], result: Tensor
                     "strides": i64_array([1] * rank)}).results[0]
 
 
-# The report's rows lower the program as it stood after each tactic (on the thread that makes
-# them, maybe while XLA compiles): a fallback there is not in the program that runs, whose own
-# lowering warns for it, so those lowerings are quiet.
-_QUIET: ContextVar[bool] = ContextVar("partir_halo_warnings_quiet", default=False)
-
-
-@contextlib.contextmanager
-def halo_warnings_quiet() -> Iterator[None]:
-    """No HaloWarning from lowerings in this context (this thread's)."""
-    token = _QUIET.set(True)
-    try:
-        yield
-    finally:
-        _QUIET.reset(token)
-
-
-def _warn_wide(op: Op, dim: int, rows: HaloRows, axes, k: int) -> None:
-    if _QUIET.get():
-        return
-    warnings.warn(
+def _wide(op: Op, dim: int, rows: HaloRows, axes, k: int) -> HaloWarning:
+    return HaloWarning(
         f"{op.name} at {_where(op)}: its window needs {rows.left} rows before and "
         f"{rows.right} after a tile of {rows.n} along dimension {dim} (tiled {k} ways over "
         f"{', '.join(axes)}), more than a neighbour holds; gathering that dimension instead "
-        f"of a halo exchange", HaloWarning, stacklevel=3)
+        f"of a halo exchange")
 
 
-def warn_gathered(op: Op, have: list[Layout], wanted: list[Layout]) -> None:
-    """A HaloWarning for each window dimension of `op` that arrives tiled and is gathered."""
-    if _QUIET.get():
-        return
+def gathered_windows(op: Op, have: list[Layout], wanted: tuple[Layout, ...]
+                     ) -> list[HaloWarning]:
+    """A HaloWarning for each window dimension of `op` that arrives tiled and is gathered
+    (`have`, `wanted`: its inputs' layouts as produced and as its nest slices them), with the
+    reason no halo entry applied."""
+    found = []
     for i, dims in windowed_dims(op).items():
         for d in dims:
             gathered = [a for a in have[i].dims[d] if a not in wanted[i].dims[d]]
             if gathered:
-                warnings.warn(
+                found.append(HaloWarning(
                     f"{op.name} at {_where(op)}: dimension {d} of operand {i} arrives tiled "
                     f"over {', '.join(gathered)} but has no halo exchange: "
-                    f"{no_halo_reason(op, d)}; gathering it",
-                    HaloWarning, stacklevel=3)
+                    f"{no_halo_reason(op, d)}; gathering it"))
+    return found
 
 
 def _where(op: Op) -> str:
@@ -190,21 +196,21 @@ def _where(op: Op) -> str:
     return where
 
 
-def _pad_value(em, op: Op, i: int, operands: list[Value]) -> Value:
+def _pad_value(em: Emitter, op: Op, i: int, operands: list[Value]) -> Value:
     """The scalar a windowed op pads operand i with: reduce_window's init value, else 0."""
     if op.name == "stablehlo.reduce_window":
         return operands[len(op.operands) // 2 + i]
     return em.scalar(0, operands[i].type.element)
 
 
-def _boundary(em, x: Value, fill: Value, axes, edge: int) -> Value:
+def _boundary(em: Emitter, x: Value, fill: Value, axes, edge: int) -> Value:
     """`x`, or `fill` where this device is the `edge`-th block along `axes` (0 or k-1): the
     halo a device at the global boundary reads is the op's padding."""
     inside = em.device_flag([int(b != edge) for b in em.block_index(axes)])
     return em.where(inside, x, fill)
 
 
-def _exchange(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:
+def _exchange(em: Emitter, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:
     n = rows.n
     groups = em.mesh.groups(tuple(axes))
     k = len(groups[0])
@@ -223,7 +229,8 @@ def _exchange(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Valu
     return em.concatenate(pieces, dim)
 
 
-def _gathered_window(em, x: Value, dim: int, rows: HaloRows, axes, fill: Value) -> Value:
+def _gathered_window(em: Emitter, x: Value, dim: int, rows: HaloRows, axes, fill: Value
+                     ) -> Value:
     """The extended operand cut from the whole dimension: gathered, padded with `fill` at
     both global ends, and sliced at this device's rows."""
     full = em.all_gather(x, dim, axes)

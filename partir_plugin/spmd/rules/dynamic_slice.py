@@ -10,11 +10,22 @@ whatever XLA folds."""
 
 from __future__ import annotations
 
-from ..ir.graph import Op, Value
-from ..ir.types import TensorType
+from ...ir.graph import Op, Value
+from ...ir.types import TensorType
+from ..emitter import Emitter
+from .base import LoweringRule, RuleContext
 
 
-def clamped_starts(em, op: Op, operands: list[Value], result_type: TensorType) -> list[Value]:
+class DynamicSliceClamp(LoweringRule):
+    ops = frozenset({"stablehlo.dynamic_slice"})
+
+    def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
+               ) -> list[Value]:
+        return clamped_starts(ctx.em, ctx.op, operands, ctx.plan.result_types[0])
+
+
+def clamped_starts(em: Emitter, op: Op, operands: list[Value], result_type: TensorType
+                   ) -> list[Value]:
     """`operands` of a dynamic_slice (local operand, then one scalar start per dimension) with
     every start that is not a constant clamped to `[0, operand - slice]` on local shapes (a
     tiled dimension is sliced whole, so its start clamps to 0 as the global one does)."""

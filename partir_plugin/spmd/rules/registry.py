@@ -1,0 +1,61 @@
+"""The lowering rules, in the order they wrap an op (`base.py`), and the choice of an op's
+rules, made once per op plan."""
+
+from __future__ import annotations
+
+from ...core.mesh import Mesh
+from ...ir.graph import Op, Region, Value
+from ..op_plan import Nest, OpPlan
+from .base import LoweringRule, RuleContext
+from .dynamic_slice import DynamicSliceClamp
+from .embedding import EmbeddingLookup, ScatterExchange
+from .halo import GatheredWindow, HaloExchange, PaddedScatter
+from .interleave import Interleave
+from .iota import IotaOffset
+from .own_reducer import OwnReducer
+from .padded_tiles import IndexHints, PaddingMasks
+from .prefix_scan import PrefixScan
+from .roll import Roll
+
+RULES: tuple[LoweringRule, ...] = (
+    HaloExchange(), GatheredWindow(), PaddedScatter(), PaddingMasks(), OwnReducer(),
+    IotaOffset(), IndexHints(), DynamicSliceClamp(), EmbeddingLookup(), ScatterExchange(),
+    PrefixScan(), Roll(), Interleave(),
+)
+
+# The rules to ask about an op, by its name, in registry order.
+_ANY_OP = tuple(r for r in RULES if r.ops is None)
+_BY_NAME: dict[str, tuple[LoweringRule, ...]] = {
+    name: tuple(r for r in RULES if r.ops is None or name in r.ops)
+    for rule in RULES for name in rule.ops or ()}
+
+
+def plan_rules(op: Op, nest: Nest, plan: OpPlan, mesh: Mesh, as_produced: bool = False
+               ) -> None:
+    """Set `plan.rules`, the rules that apply to `op` in `nest` (none: the op is lowered as
+    itself on local shapes), and `plan.early`; `as_produced` leaves out the rules that make
+    other layouts than the TMR entries."""
+    plan.rules = tuple(r for r in _BY_NAME.get(op.name, _ANY_OP)
+                       if (not as_produced or not r.changes_layouts)
+                       and r.matches(op, nest, plan, mesh))
+    plan.early = tuple(r for r in plan.rules if type(r).check is not LoweringRule.check
+                       or type(r).replace is not LoweringRule.replace)
+
+
+def lower_with_rules(ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
+                     regions: list[Region]) -> list[Value]:
+    """The op's local results, its rules wrapped around it."""
+    rules = ctx.plan.rules
+    for rule in rules:
+        operands = rule.before(ctx, operands, attrs)
+    results = None
+    for rule in rules:
+        results = rule.emit(ctx, operands, attrs, regions)
+        if results is not None:
+            break
+    if results is None:
+        results = ctx.em.emit(ctx.op.name, operands, ctx.plan.result_types, attrs,
+                              regions).results
+    for rule in reversed(rules):
+        results = rule.after(ctx, results, operands)
+    return results
