@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from oracle import assert_close
 from partir_autopart import MCTSSearcher
 from partir_hardware import A100_40GB
 
@@ -22,6 +23,8 @@ from partir_plugin.examples import mlp
 from partir_plugin.kernel import default_registry
 from partir_plugin.pipeline import apply_schedule, trace
 from partir_plugin.search import Budget
+
+pytestmark = pytest.mark.slow  # searches and compiles MLP train steps
 
 OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}
 
@@ -42,11 +45,6 @@ def large():
 @pytest.fixture(scope="module")
 def large_traced(large):
     return trace(*large)
-
-
-def _assert_trees_close(a, b, atol=2e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=atol)
 
 
 def _auto(traced, mesh, schedule):
@@ -82,7 +80,7 @@ def test_mcts_finds_batch_parallelism_and_matches_jax(large, large_traced):
                                      options=OPTIONS)
     step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
     new = step(*args)
-    _assert_trees_close(new, jax.jit(train_step)(*args))
+    assert_close(new, jax.jit(train_step)(*args))
     assert meta.in_shardings[2]["x"].spec[0] == "batch"
     assert "tile<argument 'batch/x', 0, 'batch'>" in meta.tactics[0].actions
     baseline = _unpartitioned_runtime(large_traced, {"batch": 8})
@@ -115,7 +113,7 @@ def test_composes_after_manual_batch_parallelism():
     auto = partir.AutomaticPartition(["model"], budget=40,
                                      options={**OPTIONS, "hardware": tiny})
     step, meta = partir.jit(train_step, mesh, [bp, auto], hardware=tiny)
-    _assert_trees_close(step(*args), jax.jit(train_step)(*args))
+    assert_close(step(*args), jax.jit(train_step)(*args))
     bp_report, auto_report = meta.tactics
     assert [a for a in auto_report.actions if a.startswith("tile<")]
     assert auto_report.estimated_peak_memory_bytes < bp_report.estimated_peak_memory_bytes
@@ -275,7 +273,7 @@ def test_beam_finds_batch_parallelism_and_matches_jax(large, large_traced):
     train_step, args = large
     auto = partir.AutomaticPartition(["batch"], searcher="beam", options=OPTIONS)
     step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
-    _assert_trees_close(step(*args), jax.jit(train_step)(*args))
+    assert_close(step(*args), jax.jit(train_step)(*args))
     assert meta.in_shardings[2]["x"].spec[0] == "batch"
     result = meta.tactics[0].search
     assert result.searcher == "beam" and result.cost < result.baseline_cost / 2

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from property_programs import build, example_args, recipes
-from test_tmr import ELEMENTWISE
-from tmr_corpus import CASES, GENERATED
+from tmr_corpus import CASES, ELEMENTWISE, GENERATED
 
 from partir_plugin.core.tmr import Sum, TileMappingRegistry, TMREntry
 from partir_plugin.extend import verify_entry, verify_registry, verify_rule
