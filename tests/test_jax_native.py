@@ -37,6 +37,7 @@ def _bp_mp():
             partir.ManualPartition({"params": mlp.megatron_rule}, axis="model", name="MP")]
 
 
+@pytest.mark.slow  # compiles two train steps in one jit
 def test_two_chained_steps_and_postprocessing_inside_a_users_jit():
     train_step, params, opt_state, batch = _mlp()
     step, _ = partir.jit(train_step, MESH, _bp_mp())

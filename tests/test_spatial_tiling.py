@@ -30,6 +30,7 @@ def test_issue_18_weight_gradient_with_tiled_height():
 SPATIAL = [(c, arg, dim) for c in CASES for arg, dim in c.spatial]
 
 
+@pytest.mark.slow  # 45 programs, each compiled with its gradients
 @pytest.mark.parametrize("case,arg,dim", SPATIAL,
                          ids=[f"{c.name}-arg{a}-dim{d}" for c, a, d in SPATIAL])
 def test_spatial_tilings_give_jax_jit_numbers(case, arg, dim):
@@ -38,6 +39,7 @@ def test_spatial_tilings_give_jax_jit_numbers(case, arg, dim):
     assert_matches_jax_jit(case.step(), case.args(), {"m": 4}, schedule)
 
 
+@pytest.mark.slow  # compiles a transformer's gradients
 @pytest.mark.parametrize("conflicts", ["redistribute", "stop"])
 def test_sequence_tiled_transformer_gradients_equal_jax_jit(conflicts):
     """Context parallelism (the sequence tiled over 4): the loss and every parameter's

@@ -43,11 +43,13 @@ def _assert_none_wrong(report):
 
 # -- the verifier over the corpus ------------------------------------------------------------
 
+@pytest.mark.slow  # probes every entry of 36 programs
 def test_every_entry_of_the_window_and_data_movement_table_is_true(registry):
     ops = [op for case in CASES for op in _ops(case.step(), *case.args())]
     _assert_none_wrong(verify_registry(ops, registry))
 
 
+@pytest.mark.slow  # probes every generated program's entries
 @pytest.mark.parametrize("family", sorted(GENERATED))
 def test_every_entry_of_the_generated_table_is_true(family, registry):
     """The property test's attribute spaces, one op each: pads of every sign and interior,
@@ -80,12 +82,14 @@ MODELS = [(transformer, transformer.Config.small()),
           (moe, moe.Config.small(layers=1))]
 
 
+@pytest.mark.slow  # probes every op of every model
 def test_every_entry_of_the_models_ops_is_true(registry):
     # One corpus: an op the models share (Adam's updates, a layer norm) is probed once.
     ops = [op for module, config in MODELS for op in _model_ops(module, config)]
     _assert_none_wrong(verify_registry(ops, registry))
 
 
+@pytest.mark.slow  # hypothesis programs, each probed
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(recipe=recipes())
