@@ -30,10 +30,10 @@ T_SCHEDULES = {"BP": [BP], "MP": [T_MP], "BP+MP": [BP, T_MP], "BP+MP+Z2": [BP, T
                "BP+MP+Z3": [BP, T_MP, Z3], "BP+MP+Z3+EMB": [BP, T_MP, Z3, EMB]}
 
 
-def _check(fn, args, schedule):
+def _check(fn, args, schedule, rtol=None):
     # The paper's counts reduce-scatter ZeRO's gradients (on CPU `partir.jit` all-reduces
     # and slices them by default).
-    return assert_matches_jax_jit(fn, args, MESH, schedule, scatter_sums=True).meta
+    return assert_matches_jax_jit(fn, args, MESH, schedule, rtol=rtol, scatter_sums=True).meta
 
 
 def _counts(fn, args, schedule):
@@ -109,7 +109,9 @@ UNET_MP = partir.tactic("MP", rule=megatron.unet_rule, axis="model")
                                            ("BP+Z3", [BP, Z3]), ("BP+MP", [BP, UNET_MP])])
 def test_unet_schedules(unet_case, name, schedule):
     train_step, args = unet_case
-    meta = _check(train_step, args, schedule)
+    # Adam divides by the root of the second moment: the UNet's convolution-kernel gradients
+    # have entries near zero whose rounding noise becomes steps of up to 9e-5 (measured).
+    meta = _check(train_step, args, schedule, rtol=5e-4)
     p = len(jax.tree.leaves(args[0]))
     if name == "BP":
         assert meta.tactics[0].collectives["all_reduce"] == p + 1

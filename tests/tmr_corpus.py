@@ -30,6 +30,9 @@ from property_programs import (
     window_configs,
 )
 
+from partir_plugin.ir.graph import walk
+from partir_plugin.ir.importer import import_lowered
+
 
 @dataclass(frozen=True)
 class Case:
@@ -244,6 +247,18 @@ def _indexing_cases() -> list[Case]:
 GENERATED = {"pad": _pad_cases(), "window": _window_cases(), "conv": _conv_cases(),
              "reshape": _reshape_cases(), "indexing": _indexing_cases()}
 GENERATED_CASES = [case for cases in GENERATED.values() for case in cases]
+
+
+
+def ops_of(fn: Callable, *args) -> list:
+    """Every op of `fn`'s lowering on `args`, nested regions included: what the verifier probes."""
+    return list(walk(import_lowered(jax.jit(fn).lower(*args)).ops))
+
+
+def assert_none_wrong(report) -> None:
+    """The verifier checked something and found no entry wrong."""
+    assert report.verdicts, "nothing was verified"
+    assert not report.wrong, str(report)
 
 
 # -- elementwise ops: the entries test_tmr checks op by op, the verifier checks true --------
