@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from oracle import assert_close
 from partir_autopart import MCTSSearcher
 from partir_hardware import A100_40GB
 
@@ -25,8 +26,14 @@ from partir_plugin.plugin.manager import default_registry
 from partir_plugin.stages import partition
 from partir_plugin.tactics.automatic import Budget
 
+pytestmark = pytest.mark.slow  # searches and compiles MLP train steps
+
 OPTIONS = {"hardware": "a100-40gb", "seed": 0, "progress": False}
 
+
+# An Adam step turns rounding noise in near-zero gradients into larger steps (measured 3e-6 on
+# 0.03 where the policy's 1e-5 allows 2e-6): the train steps here are compared at 1e-4.
+ADAM_RTOL = 1e-4
 
 def _setup(batch_size: int, hidden: int, features: int):
     model, optimizer = mlp.MLP(hidden=hidden, layers=3, classes=8), optax.adam(1e-3)
@@ -44,11 +51,6 @@ def large():
 @pytest.fixture(scope="module")
 def large_traced(large):
     return trace(*large)
-
-
-def _assert_trees_close(a, b, atol=2e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=atol)
 
 
 def _auto(traced, mesh, schedule):
@@ -84,7 +86,7 @@ def test_mcts_finds_batch_parallelism_and_matches_jax(large, large_traced):
                                      options=OPTIONS)
     step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
     new = step(*args)
-    _assert_trees_close(new, jax.jit(train_step)(*args))
+    assert_close(new, jax.jit(train_step)(*args), rtol=ADAM_RTOL)
     assert meta.in_shardings[2]["x"].spec[0] == "batch"
     assert "tile<argument 'batch/x', 0, 'batch'>" in meta.tactics[0].actions
     baseline = _unpartitioned_runtime(large_traced, {"batch": 8})
@@ -117,7 +119,7 @@ def test_composes_after_manual_batch_parallelism():
     auto = partir.AutomaticPartition(["model"], budget=40,
                                      options={**OPTIONS, "hardware": tiny})
     step, meta = partir.jit(train_step, mesh, [bp, auto], hardware=tiny)
-    _assert_trees_close(step(*args), jax.jit(train_step)(*args))
+    assert_close(step(*args), jax.jit(train_step)(*args), rtol=ADAM_RTOL)
     bp_report, auto_report = meta.tactics
     assert [a for a in auto_report.actions if a.startswith("tile<")]
     assert auto_report.estimated_peak_memory_bytes < bp_report.estimated_peak_memory_bytes
@@ -277,7 +279,7 @@ def test_beam_finds_batch_parallelism_and_matches_jax(large, large_traced):
     train_step, args = large
     auto = partir.AutomaticPartition(["batch"], searcher="beam", options=OPTIONS)
     step, meta = partir.jit(train_step, {"batch": 8}, [auto], hardware="a100-40gb")
-    _assert_trees_close(step(*args), jax.jit(train_step)(*args))
+    assert_close(step(*args), jax.jit(train_step)(*args), rtol=ADAM_RTOL)
     assert meta.in_shardings[2]["x"].spec[0] == "batch"
     result = meta.tactics[0].search
     assert result.searcher == "beam" and result.cost < result.baseline_cost / 2

@@ -5,6 +5,8 @@ import math
 import benchmark_module
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a benchmark script
+
 
 @pytest.fixture(scope="module")
 def autopart_bench():

@@ -4,6 +4,9 @@ conflict; the section it writes has one row per policy."""
 
 
 import benchmark_module
+import pytest
+
+pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
 def test_small_model_stop_vs_redistribute(tmp_path):

@@ -6,6 +6,8 @@ report's first read (it relies on names inside `partir_plugin.schedule` and
 import benchmark_module
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a benchmark script
+
 
 @pytest.mark.parametrize("family", ["transformer", "gns"])
 def test_breakdown_times_every_phase(family):

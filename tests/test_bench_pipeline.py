@@ -3,6 +3,9 @@ pipelined rows report their bubble and permutes, and the T32 estimate has its th
 
 
 import benchmark_module
+import pytest
+
+pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
 def test_pipeline_benchmark_writes_its_section(tmp_path):

@@ -2,6 +2,9 @@
 partitioner passes are found in the profiled compiles, and the section names every count."""
 
 import benchmark_module
+import pytest
+
+pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
 def test_both_sides_compile_and_the_section_lists_each_count_and_pass():

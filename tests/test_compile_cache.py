@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # fresh processes across hash seeds
+
 CHILD = r"""
 import hashlib, json, sys
 import jax

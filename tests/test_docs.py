@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every doc's examples, each in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```python[ \t]*(\S*)[ \t]*\n(.*?)^```", re.M | re.S)
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -127,6 +127,7 @@ def test_misspelled_hook_is_an_error():
         manager.build_plugin_manager([("typo", _Misspelled())])
 
 
+@pytest.mark.slow  # a subprocess
 def test_plugins_add_cli_commands():
     out = subprocess.run([sys.executable, "-m", "partir_plugin.cli", "calibrate", "--help"],
                          capture_output=True, text=True)

@@ -35,6 +35,7 @@ def _estimate_ms(config: dict, hardware: str) -> float:
                     ).runtime_s * 1e3
 
 
+@pytest.mark.slow  # lowers a transformer per measured row
 @pytest.mark.parametrize("row", DATA["rows"], ids=lambda r: "L{layers}-d{d_model}".format(
     **r["config"]))
 def test_h100_estimates_within_25_percent_of_measured(row):
@@ -42,6 +43,7 @@ def test_h100_estimates_within_25_percent_of_measured(row):
     assert 0.8 <= ratio <= 1.25, ratio
 
 
+@pytest.mark.slow  # lowers transformers
 def test_h200_is_no_slower_than_h100_and_datasheet_roofline_is_optimistic():
     config = DATA["rows"][0]["config"]
     h100, h200 = _estimate_ms(config, "h100-sxm"), _estimate_ms(config, "h200")

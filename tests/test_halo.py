@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_jit import hlo_collective_counts
-from test_spatial_tiling import _check_against_jax_jit
+from oracle import assert_matches_jax_jit, hlo_collective_counts
 
 import partir_plugin as partir
 from partir_plugin.core.rules.halo import Halo, HaloEntry
@@ -21,6 +20,8 @@ from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.plugin.manager import default_registry
 from partir_plugin.spmd.rules.halo import HaloWarning
+
+pytestmark = pytest.mark.slow  # compiles convolution and pooling gradients per geometry
 
 MESH = {"m": 8}
 TILE_H = [partir.ManualPartition({"img": 1}, axis="m")]
@@ -46,11 +47,11 @@ def test_tiled_height_convolution_exchanges_halos(window, stride, height):
     step = jax.value_and_grad(_conv_loss(window, stride), argnums=(0, 1))
     img = jax.random.normal(jax.random.PRNGKey(0), (2, height, 8, 4))
     ker = jax.random.normal(jax.random.PRNGKey(1), (window, window, 4, 8))
-    meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+    matched = assert_matches_jax_jit(step, (img, ker), MESH, TILE_H)
+    meta = matched.meta
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 6, ours
-    f, _ = partir.jit(step, MESH, TILE_H)
-    compiled = _compiled_counts(f, img, ker)
+    compiled = _compiled_counts(matched.step, img, ker)
     assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 6, compiled
 
 
@@ -78,11 +79,11 @@ def test_max_pool_over_negative_inputs_pads_with_minus_infinity(stride):
     step = jax.value_and_grad(lambda img: (pool(img) ** 2).sum())
     with warnings.catch_warnings():
         warnings.simplefilter("error", HaloWarning)
-        meta = _check_against_jax_jit(step, (img,), TILE_H, MESH)
+        matched = assert_matches_jax_jit(step, (img,), MESH, TILE_H)
+        meta = matched.meta
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
-    f, _ = partir.jit(step, MESH, TILE_H)
-    compiled = _compiled_counts(f, img)
+    compiled = _compiled_counts(matched.step, img)
     assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 3, compiled
 
 
@@ -146,7 +147,7 @@ def test_explicit_pad_before_a_convolution_folds_into_its_padding(loss, img_shap
     assert not [op for op in walk(func.ops) if op.name == "stablehlo.pad"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", HaloWarning)
-        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+        meta = assert_matches_jax_jit(step, (img, ker), MESH, TILE_H).meta
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
 
@@ -163,7 +164,7 @@ def test_pad_of_a_tiled_dimension_warns_and_gathers():
 def _warns_and_gathers(step, args, where: str, **options) -> None:
     """A fallback: jax.jit's numbers, a HaloWarning matching `where`, and an all_gather."""
     with pytest.warns(HaloWarning, match=where):
-        meta = _check_against_jax_jit(step, args, TILE_H, MESH, **options)
+        meta = assert_matches_jax_jit(step, args, MESH, TILE_H, **options).meta
     assert meta.tactics[-1].collectives["all_gather"] > 0
 
 
@@ -227,7 +228,7 @@ def test_height_and_width_tiled_on_two_axes():
     ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
     schedule = [partir.ManualPartition({"img": 1}, axis="h"),
                 partir.ManualPartition({"img": 2}, axis="w")]
-    meta = _check_against_jax_jit(step, (img, ker), schedule, {"h": 4, "w": 2})
+    meta = assert_matches_jax_jit(step, (img, ker), {"h": 4, "w": 2}, schedule).meta
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 12, ours
 
@@ -307,14 +308,14 @@ def test_valid_and_uneven_convolutions_exchange_halos_on_padded_tiles(name):
     ker = jax.random.normal(jax.random.PRNGKey(1), (window, window, 4, 8))
     with warnings.catch_warnings():
         warnings.simplefilter("error", HaloWarning)
-        meta = _check_against_jax_jit(step, (img, ker), TILE_H, MESH)
+        matched = assert_matches_jax_jit(step, (img, ker), MESH, TILE_H)
+        meta = matched.meta
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 3, ours
     padding_lines = meta.tactics[-1].padding
     assert any("stablehlo.convolution (pad value)" in line for line in padding_lines), \
         padding_lines
-    f, _ = partir.jit(step, MESH, TILE_H)
-    compiled = _compiled_counts(f, img, ker)
+    compiled = _compiled_counts(matched.step, img, ker)
     assert compiled["all_gather"] == 0 and compiled["all_permute"] >= 3, compiled
 
 
@@ -358,7 +359,7 @@ def test_sum_pool_and_its_gradient_exchange_halos(stride, padding, height):
     assert not [op for op in ops if op.name == "stablehlo.pad"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", HaloWarning)
-        meta = _check_against_jax_jit(step, (img,), TILE_H, MESH)
+        meta = assert_matches_jax_jit(step, (img,), MESH, TILE_H).meta
     ours = meta.tactics[-1].collectives
     assert ours["all_gather"] == 0 and ours["all_permute"] >= 2, ours
 
@@ -376,7 +377,7 @@ def test_padded_height_on_two_axes_exchanges_only_contiguous_tiles(mesh, exchang
                 partir.ManualPartition({"img": 1}, axis="b")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        meta = _check_against_jax_jit(step, (img, ker), schedule, mesh)
+        meta = assert_matches_jax_jit(step, (img, ker), mesh, schedule).meta
     halo_warnings = [w for w in caught if issubclass(w.category, HaloWarning)]
     ours = meta.tactics[-1].collectives
     if exchanged:

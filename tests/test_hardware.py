@@ -51,6 +51,7 @@ def test_host_spec_defaults_without_calibration(tmp_path, monkeypatch):
         assert "uncalibrated" in load_host_spec(tmp_path / "bad.json").notes
 
 
+@pytest.mark.slow  # times kernels
 def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
     jax.devices()  # the test process keeps its devices; calibrate measures beside it
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
@@ -76,6 +77,7 @@ def test_gemm_fit_recovers_rate_and_half_size():
     assert r == pytest.approx(rate, rel=1e-6) and h == pytest.approx(half, rel=1e-4)
 
 
+@pytest.mark.slow  # times kernels
 def test_accelerator_calibration_measures_the_cost_structure():
     """The --accelerator path run on a CPU device (no GPU here): a calibrated copy of the
     datasheet spec with measured rates, bandwidth and overhead, which the simulator takes."""

@@ -17,6 +17,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from oracle import assert_close
 
 import partir_plugin as partir
 from partir_plugin.examples import mlp
@@ -36,11 +37,7 @@ def _bp_mp():
             partir.ManualPartition({"params": mlp.megatron_rule}, axis="model", name="MP")]
 
 
-def _close(a, b, atol=2e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=atol)
-
-
+@pytest.mark.slow  # compiles two train steps in one jit
 def test_two_chained_steps_and_postprocessing_inside_a_users_jit():
     train_step, params, opt_state, batch = _mlp()
     step, _ = partir.jit(train_step, MESH, _bp_mp())
@@ -53,7 +50,7 @@ def test_two_chained_steps_and_postprocessing_inside_a_users_jit():
 
     ours = jax.jit(lambda *a: two_steps(step, *a))(params, opt_state, batch)
     ref = jax.jit(lambda *a: two_steps(train_step, *a))(params, opt_state, batch)
-    _close(ours, ref)
+    assert_close(ours, ref)
 
 
 def test_step_inside_lax_scan():
@@ -69,7 +66,8 @@ def test_step_inside_lax_scan():
 
     (p, _), losses = jax.jit(lambda *a: loop(step, *a))(params, opt_state)
     (p_ref, _), losses_ref = jax.jit(lambda *a: loop(train_step, *a))(params, opt_state)
-    _close((p, losses), (p_ref, losses_ref), atol=1e-4)
+    # Three Adam steps turn rounding noise in near-zero gradients into lr-sized steps.
+    assert_close((p, losses), (p_ref, losses_ref), rtol=1e-4)
     assert losses.shape == (3,) and float(losses[2]) < float(losses[0])
 
 
@@ -96,6 +94,7 @@ def _sgd_step(params, batch):
     return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
 
 
+@pytest.mark.slow  # a subprocess
 def test_export_round_trip_in_a_fresh_process(tmp_path):
     _, params, _, batch = _mlp()
     step, meta = partir.jit(_sgd_step, MESH, _bp_mp())
@@ -143,7 +142,7 @@ def test_staged_api_with_shape_dtype_structs():
     assert "all-reduce" in compiled.as_text()
     assert compiled.memory_analysis().argument_size_in_bytes > 0
     assert compiled.cost_analysis()["flops"] > 0
-    _close(compiled(params, opt_state, batch), jax.jit(train_step)(params, opt_state, batch))
+    assert_close(compiled(params, opt_state, batch), jax.jit(train_step)(params, opt_state, batch))
 
 
 def _keyed(x, w, key, scale, offsets):
@@ -235,7 +234,7 @@ def _all_kinds_program():
 
 def test_every_collective_is_an_spmd_collective_and_numbers_match():
     fn, step, meta, args = _all_kinds_program()
-    _close(step(*args), jax.jit(fn)(*args), atol=1e-6)
+    assert_close(step(*args), jax.jit(fn)(*args))
     text = meta.device_local_stablehlo
     assert_spmd_collectives(text)
     assert "stablehlo.partition_id" in text

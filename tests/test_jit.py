@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from oracle import assert_close, hlo_collective_counts
 
 import partir_plugin as partir
 from partir_plugin.examples import mlp
@@ -76,11 +77,6 @@ def _mlp_setup(batch_size=64):
     return mlp.make_train_step(model, optimizer), params, opt_state, batch
 
 
-def _assert_trees_close(a, b, atol=2e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=atol)
-
-
 @pytest.mark.parametrize("mesh", [{"batch": 8}, {"batch": 4, "model": 2}])
 def test_mlp_train_step_batch_parallel(mesh):
     train_step, params, opt_state, batch = _mlp_setup()
@@ -88,7 +84,7 @@ def test_mlp_train_step_batch_parallel(mesh):
                             [partir.ManualPartition({"batch": 0}, axis="batch", name="BP")])
     new = step(params, opt_state, batch)
     ref = jax.jit(train_step)(params, opt_state, batch)
-    _assert_trees_close(new, ref)
+    assert_close(new, ref)
     n_params = len(jax.tree.leaves(params))
     # One all_reduce per parameter gradient plus one for the loss, nothing else.
     assert meta.tactics[0].collectives == dict(all_gather=0, all_reduce=n_params + 1,
@@ -101,7 +97,8 @@ def test_mlp_train_step_batch_parallel(mesh):
     for _ in range(3):
         p, o, loss = step(p, o, batch)
         p_ref, o_ref, loss_ref = jax.jit(train_step)(p_ref, o_ref, batch)
-    _assert_trees_close((p, loss), (p_ref, loss_ref), atol=1e-4)
+    # Three Adam steps turn rounding noise in near-zero gradients into lr-sized steps.
+    assert_close((p, loss), (p_ref, loss_ref), rtol=1e-4)
     assert len(step._cache) == 1
 
 
@@ -114,7 +111,7 @@ def test_mlp_bp_mp_z3_schedule():
                                        axis="batch", name="Z3")]
     step, meta = partir.jit(train_step, {"batch": 4, "model": 2}, schedule, scatter_sums=True)
     new = step(params, opt_state, batch)
-    _assert_trees_close(new, jax.jit(train_step)(params, opt_state, batch))
+    assert_close(new, jax.jit(train_step)(params, opt_state, batch))
     n = len(jax.tree.leaves(params))
     bp, mp, z3 = (t.collectives for t in meta.tactics)
     assert bp["all_reduce"] == n + 1
@@ -131,16 +128,6 @@ def test_mlp_bp_mp_z3_schedule():
     assert z3["all_reduce"] == mp["all_reduce"] - n
     for leaf in jax.tree.leaves(meta.in_shardings[0]):
         assert "batch" in jax.tree.leaves(tuple(leaf.spec))
-
-
-def hlo_collective_counts(hlo: str) -> dict[str, int]:
-    """Collectives in compiled HLO text, by our kind names (async pairs counted once; XLA:CPU
-    writes an all_to_all as a tuple-shaped all-to-all of its split pieces)."""
-    ops = {"all_reduce": "all-reduce", "all_gather": "all-gather",
-           "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all",
-           "all_permute": "collective-permute"}
-    return {k: len(re.findall(rf"= (?:\S+|\([^()]*\)) {op}(?:-start)?\(", hlo))
-            for k, op in ops.items()}
 
 
 def test_compiled_collectives_are_exactly_ours():
@@ -227,7 +214,7 @@ def test_z3_on_cpu_all_reduces_then_slices_and_can_regather():
         schedule = [partir.tactic("BP", axis="batch"),
                     partir.tactic("Z3", axis="batch", regather=regather)]
         step, meta = partir.jit(train_step, {"batch": 8}, schedule)
-        _assert_trees_close(step(params, opt_state, batch), want)
+        assert_close(step(params, opt_state, batch), want)
         counts[regather] = meta.tactics[-1].collectives
         assert counts[regather]["reduce_scatter"] == 0
         # The report says where the paper's reduce_scatters went.

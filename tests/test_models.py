@@ -23,6 +23,8 @@ from partir_plugin.models import (
 )
 from partir_plugin.models.common import param_paths
 
+pytestmark = pytest.mark.slow  # trains every model for three steps
+
 
 def _abstract_init(module, config):
     """Shapes of ``module.init(config, key)`` without compiling or allocating."""

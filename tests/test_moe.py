@@ -10,6 +10,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from oracle import assert_close, hlo_collective_counts
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
@@ -18,6 +19,8 @@ from partir_plugin.models import megatron, moe, transformer
 from partir_plugin.models.common import param_paths
 from partir_plugin.options import PartitionOptions
 from partir_plugin.stages import partition
+
+pytestmark = pytest.mark.slow  # compiles MoE train steps per schedule
 
 CONFIG = moe.Config.small(layers=1)
 EP_MESH = {"batch": 2, "expert": 4}
@@ -106,11 +109,6 @@ def test_scan_variant_matches_unrolled(step_and_reference) -> None:
     np.testing.assert_allclose(unrolled, scanned, rtol=1e-6)
 
 
-def _assert_close(out, reference) -> None:
-    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(reference), strict=True):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=5e-6)
-
-
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_schedules_match_jax_jit(step_and_reference, name: str) -> None:
     """Loss, Adam state (the gradients and their squares after one step) and the updated
@@ -118,7 +116,7 @@ def test_schedules_match_jax_jit(step_and_reference, name: str) -> None:
     train_step, args, reference = step_and_reference
     mesh, schedule = SCHEDULES[name]
     step, meta = partir.jit(train_step, mesh, schedule)
-    _assert_close(step(*args), reference)
+    assert_close(step(*args), reference)
     assert [t.name for t in meta.tactics] == name.split("+")
     assert meta.tactics[-1].unsupported_ops == {}
 
@@ -140,7 +138,6 @@ def test_bp_ep_moves_tokens_not_experts(step_and_reference) -> None:
     brings them back, per layer, and the backward pass mirrors them; no all_gather (BP alone
     has none, so any would be EP's, on the expert axis), in our report and in the HLO XLA
     compiles, and jax.jit's numbers."""
-    from test_jit import hlo_collective_counts
 
     (bp, _), (ep, conflicts) = _counts([BP, EP], EP_MESH)
     assert ep["all_gather"] == 0 and conflicts == 0
@@ -148,7 +145,7 @@ def test_bp_ep_moves_tokens_not_experts(step_and_reference) -> None:
     assert ep["all_reduce"] == bp["all_reduce"]  # expert weights' gradients stay local
     train_step, args, reference = step_and_reference
     step, meta = partir.jit(train_step, EP_MESH, [BP, EP])
-    _assert_close(step(*args), reference)
+    assert_close(step(*args), reference)
     options = {"xla_disable_hlo_passes": "all-reduce-combiner,cpu-all-reduce-combiner,"
                                          "all-gather-combiner,reduce-scatter-combiner"}
     hlo = step.lower(*args).jax_lowered.compile(options).as_text()
@@ -179,7 +176,7 @@ def test_strict_conflicts_restore_partirs_plan(step_and_reference) -> None:
     expert FFN's operands are gathered (today's plan before issue 19), same numbers."""
     train_step, args, reference = step_and_reference
     step, meta = partir.jit(train_step, EP_MESH, [BP, EP], conflicts="stop")
-    _assert_close(step(*args), reference)
+    assert_close(step(*args), reference)
     row = meta.tactics[-1]
     assert row.conflicts and not row.resolutions
     assert row.collectives["all_gather"] > 0 and row.collectives["all_to_all"] == 0
@@ -223,7 +220,7 @@ def test_scan_over_layers_keeps_gshards_plan() -> None:
     train_step = moe.make_train_step(config)
     args = moe.init(config, jax.random.key(0))
     step, meta = partir.jit(train_step, EP_MESH, [BP, EP])
-    _assert_close(step(*args), jax.jit(train_step)(*args))
+    assert_close(step(*args), jax.jit(train_step)(*args))
     bp, ep = meta.tactics
     assert ep.collectives["all_gather"] == 0 and ep.collectives["all_to_all"] > 0
     assert ep.collectives["all_reduce"] == bp.collectives["all_reduce"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from oracle import assert_matches_jax_jit
 
 import partir_plugin as partir
 
@@ -17,11 +18,8 @@ ARGS = tuple(np.asarray(jax.random.normal(jax.random.PRNGKey(i), s))
 
 
 def _run(schedule, mesh=None):
-    step, meta = partir.jit(mlp, mesh or {"B": 4, "M": 2}, schedule)
-    out = step(*ARGS)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(mlp)(*ARGS)), rtol=1e-5,
-                               atol=1e-5)
-    return out, meta
+    matched = assert_matches_jax_jit(mlp, ARGS, mesh or {"B": 4, "M": 2}, schedule)
+    return matched.got, matched.meta
 
 
 def test_deep_tiling_one_dimension_over_two_axes():

@@ -14,8 +14,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
+import pytest
 
 from partir_plugin.examples import mlp
+
+pytestmark = pytest.mark.slow  # two processes joined by jax.distributed
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "multihost.md"
 

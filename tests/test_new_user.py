@@ -125,6 +125,7 @@ def test_cli_report_with_a_preset_schedule(tmp_path, capsys):
     assert "\nBP " in out and "host-cpu (the default spec" in out
 
 
+@pytest.mark.slow  # a subprocess
 def test_piping_the_cli_into_head_prints_no_traceback():
     proc = subprocess.Popen([sys.executable, "-m", "partir_plugin.cli", "plugins"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from oracle import assert_close, assert_matches_jax_jit
 
 import partir_plugin as partir
 from partir_plugin.core.mesh import Mesh
@@ -16,6 +17,8 @@ from partir_plugin.frontend.trace import trace
 from partir_plugin.models import gns, inference_transformer, megatron, transformer, unet
 from partir_plugin.options import PartitionOptions
 from partir_plugin.stages import partition
+
+pytestmark = pytest.mark.slow  # compiles every paper model under every schedule
 
 MESH = {"batch": 4, "model": 2}
 BP = partir.tactic("BP", axis="batch")
@@ -29,19 +32,10 @@ T_SCHEDULES = {"BP": [BP], "MP": [T_MP], "BP+MP": [BP, T_MP], "BP+MP+Z2": [BP, T
                "BP+MP+Z3": [BP, T_MP, Z3], "BP+MP+Z3+EMB": [BP, T_MP, Z3, EMB]}
 
 
-def _max_diff(a, b) -> float:
-    return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
-
-
-def _check(fn, args, schedule, tol=5e-5):
+def _check(fn, args, schedule, rtol=None):
     # The paper's counts reduce-scatter ZeRO's gradients (on CPU `partir.jit` all-reduces
     # and slices them by default).
-    step, meta = partir.jit(fn, MESH, schedule, scatter_sums=True)
-    out = step(*args)
-    ref = jax.jit(fn)(*args)
-    assert _max_diff(out, ref) < tol
-    return meta
+    return assert_matches_jax_jit(fn, args, MESH, schedule, rtol=rtol, scatter_sums=True).meta
 
 
 def _counts(fn, args, schedule):
@@ -116,7 +110,9 @@ UNET_MP = partir.tactic("MP", rule=megatron.unet_rule, axis="model")
                                            ("BP+Z3", [BP, Z3]), ("BP+MP", [BP, UNET_MP])])
 def test_unet_schedules(unet_case, name, schedule):
     train_step, args = unet_case
-    meta = _check(train_step, args, schedule, tol=2e-4)
+    # Adam divides by the root of the second moment: the UNet's convolution-kernel gradients
+    # have entries near zero whose rounding noise becomes steps of up to 9e-5 (measured).
+    meta = _check(train_step, args, schedule, rtol=5e-4)
     p = len(jax.tree.leaves(args[0]))
     if name == "BP":
         assert meta.tactics[0].collectives["all_reduce"] == p + 1
@@ -141,9 +137,7 @@ def test_gns_edge_sharding():
     scattered back from the sender and receiver gathers): AR = 6 + 9 * steps."""
     train_step, args = _gns(2)
     es = partir.tactic("ES", axis="batch")
-    step, meta = partir.jit(train_step, {"batch": 8}, [es])
-    out = step(*args)
-    assert _max_diff(out, jax.jit(train_step)(*args)) < 5e-5
+    meta = assert_matches_jax_jit(train_step, args, {"batch": 8}, [es]).meta
     zero = dict(all_gather=0, all_reduce=0, reduce_scatter=0, all_to_all=0, all_permute=0)
     assert meta.tactics[0].collectives == {**zero, "all_reduce": 6 + 9 * 2}
     step3, args3 = _gns(3)
@@ -175,11 +169,7 @@ def test_inference_transformer_decode_loop(name):
     (one all_gather per layer and pass after MP); with MQ first, the attention all_reduce is
     MQ's. Both orders end with the same program."""
     serve, args = _it(2)
-    step, meta = partir.jit(serve, MESH, IT_SCHEDULES[name])
-    tokens, new_cache = step(*args)
-    ref_tokens, ref_cache = jax.jit(serve)(*args)
-    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
-    assert _max_diff(new_cache, ref_cache) < 5e-5
+    meta = assert_matches_jax_jit(serve, args, MESH, IT_SCHEDULES[name]).meta  # tokens exact
     for layers in (2, 3):
         counts = _counts(*_it(layers), IT_SCHEDULES[name]) if layers == 3 else [
             t.collectives for t in meta.tactics]
@@ -253,7 +243,7 @@ def test_non_flax_frontend_equinox_with_typed_keys():
     step, meta = partir.jit(train_step, {"batch": 8}, [bp])
     new_params, _, loss, key = step(params, opt.init(params), batch)
     ref_params, _, ref_loss, ref_key = jax.jit(train_step)(params, opt.init(params), batch)
-    assert _max_diff((new_params, loss), (ref_params, ref_loss)) < 1e-5
+    assert_close((new_params, loss), (ref_params, ref_loss))
     assert jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(ref_key))
     assert meta.tactics[0].collectives["all_reduce"] == len(jax.tree.leaves(params)) + 1
@@ -286,8 +276,7 @@ def test_transformer_embedding_sharded_on_vocabulary():
         return jax.grad(lambda p: transformer.loss_fn(cfg, p, batch))(params)
 
     emb = partir.tactic("EMB", axis="model", dim=0, name="EMB-vocab")
-    step, meta = partir.jit(gradients, MESH, [BP, emb])
-    assert _max_diff(step(params, batch), jax.jit(gradients)(params, batch)) < 1e-5
+    meta = assert_matches_jax_jit(gradients, (params, batch), MESH, [BP, emb]).meta
     bp, vocab = (t.collectives for t in meta.tactics)
     assert vocab == {**bp, "all_reduce": bp["all_reduce"] + 1}
     assert meta.in_shardings[0]["embed"]["embedding"].spec == jax.sharding.PartitionSpec(

@@ -41,6 +41,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess
 def test_third_party_tactic_through_entry_point(plugin_env):
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=plugin_env, capture_output=True,
                          text=True, check=True).stdout
@@ -49,6 +50,7 @@ def test_third_party_tactic_through_entry_point(plugin_env):
     assert "spec P('batch',) ok True" in out
 
 
+@pytest.mark.slow  # a subprocess
 def test_autoload_can_be_disabled(plugin_env):
     env = dict(plugin_env, PARTIR_DISABLE_PLUGIN_AUTOLOAD="1")
     script = ("from partir_plugin.plugin import manager; t = manager.tactic_factories(); "
@@ -71,6 +73,7 @@ def test_builtin_presets_build_manual_partitions():
         partir.tactic("Nope")
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_lists_plugins():
     out = subprocess.run([sys.executable, "-m", "partir_plugin.cli", "plugins"],
                          capture_output=True, text=True)

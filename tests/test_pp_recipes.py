@@ -25,12 +25,14 @@ import numpy as np
 import optax
 import pytest
 from jax import lax
+from oracle import assert_close, assert_matches_jax_jit
 
 import partir_plugin as partir
 
+pytestmark = pytest.mark.slow  # compiles a pipelined LM step per recipe
+
 MESH = {"stage": 2, "batch": 4}
 LAYERS, D, T, F, VOCAB = 4, 16, 8, 32, 32
-RTOL = ATOL = 2e-5
 THIS_FILE = Path(__file__).name
 
 
@@ -42,47 +44,10 @@ def BP():
     return partir.tactic("BP", axis="batch")
 
 
-# -- comparison -----------------------------------------------------------------------------
-
-def _path(p) -> str:
-    return jax.tree_util.keystr(p) or "<root>"
-
-
-def assert_tree_close(got, want, what: str, rtol: float = RTOL, atol: float = ATOL):
-    """Every leaf of `got` equals `want`'s to float32 rounding; the message names each leaf
-    that differs, with its largest difference."""
-    gl, gdef = jax.tree_util.tree_flatten_with_path(got)
-    wl, wdef = jax.tree_util.tree_flatten_with_path(want)
-    assert gdef == wdef, f"{what}: output structure differs:\n got  {gdef}\n want {wdef}"
-    bad = []
-    for (path, g), (_, w) in zip(gl, wl, strict=True):
-        g, w = np.asarray(g), np.asarray(w)
-        if g.shape != w.shape or g.dtype != w.dtype:
-            bad.append(f"  {_path(path)}: {g.shape}{g.dtype} vs jax.jit {w.shape}{w.dtype}")
-            continue
-        if not np.issubdtype(w.dtype, np.floating):
-            if not np.array_equal(g, w):
-                bad.append(f"  {_path(path)}: {np.sum(g != w)} of {w.size} entries differ")
-            continue
-        if not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True):
-            diff = np.abs(g.astype(np.float64) - w)
-            i = np.unravel_index(np.nanargmax(diff), diff.shape)
-            bad.append(f"  {_path(path)} {w.shape}: max |diff| {np.nanmax(diff):.3g} at {i} "
-                       f"(got {g[i]:.6g}, jax.jit {w[i]:.6g}); "
-                       f"{np.sum(~np.isclose(g, w, rtol=rtol, atol=atol))} of {w.size} "
-                       f"entries off; got has NaN: {bool(np.isnan(g).any())}")
-    assert not bad, (f"{what}: {len(bad)} of {len(wl)} leaves differ from jax.jit's "
-                     f"(rtol={rtol}, atol={atol}):\n" + "\n".join(bad))
-
-
-def partitioned_matches_jit(fn, args, schedule, mesh=MESH, what: str = "", **tol):
-    """partir.jit(fn) on `args` gives jax.jit(fn)'s numbers; returns (step, meta, got)."""
-    want = jax.jit(fn)(*args)
-    step, meta = partir.jit(fn, mesh, schedule)
-    got = step(*args)
-    names = [getattr(t, "name", str(t)) for t in schedule]
-    assert_tree_close(got, want, what or f"{fn.__name__} under {names} on {mesh}", **tol)
-    return step, meta, got, want
+def partitioned_matches_jit(fn, args, schedule, mesh=MESH, what: str = ""):
+    """partir.jit(fn) on `args` gives jax.jit(fn)'s numbers; returns (step, meta, got, want)."""
+    matched = assert_matches_jax_jit(fn, args, mesh, schedule, what=what)
+    return matched.step, matched.meta, matched.got, matched.want
 
 
 def _line_of(fn, needle: str) -> int:
@@ -160,7 +125,7 @@ def test_layer_dropout_keys_as_xs_draw_per_example_masks():
     rows = {tuple(np.asarray(r).round(5)) for r in got[2]}
     assert len(rows) == 8, (f"PP(M=4) gives {len(rows)} distinct output rows of 8 (jax.jit: "
                             f"8): the dropout mask is drawn per microbatch, not per example")
-    assert_tree_close(got, want, "dropout with per-layer keys as scan xs under [PP(4)]")
+    assert_close(got, want, what="dropout with per-layer keys as scan xs under [PP(4)]")
 
 
 class DropoutBlock(nn.Module):
@@ -574,7 +539,7 @@ def test_partir_report_cli_with_pp_schedule(tmp_path, capsys):
 
     step, meta = partir.jit(cli_step, MESH, [PP(4), BP()])
     args = (_init_stack(names=("wq", "wo")), _tokens_batch())
-    assert_tree_close(step(*args), jax.jit(cli_step)(*args), "cli_step under partir.jit")
+    assert_close(step(*args), jax.jit(cli_step)(*args), what="cli_step under partir.jit")
     jit_counts = {t.name: {k: v for k, v in t.collectives.items() if v} for t in meta.tactics}
     assert cli == jit_counts, (f"partir report's collective counts {cli} differ from "
                                f"partir.jit's {jit_counts}")

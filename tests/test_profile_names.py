@@ -18,6 +18,8 @@ from partir_plugin.ir.locations import is_library_file
 from partir_plugin.models import megatron, moe, transformer
 from partir_plugin.report.collective_names import record_ids
 
+pytestmark = pytest.mark.slow  # compiles three models, partitioned and not
+
 # Instructions no profile attributes to a line: XLA's plumbing and the splats it makes of
 # constants (neither jax.jit's nor ours carry metadata).
 _TRIVIAL = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy",

@@ -11,8 +11,9 @@ and, one time in three, checks the value and gradients instead of the value. A
 PartitionError (a clear refusal) passes; any other error, or a difference that float64 does
 not explain away, fails.
 
-Examples: `PARTIR_PROPERTY_EXAMPLES` (default 400, derandomized so CI runs are
-reproducible); `PARTIR_NIGHTLY=1` runs 2000 random ones. `PARTIR_PROPERTY_STATS=path.json`
+Examples: `PARTIR_PROPERTY_EXAMPLES` (default 100, derandomized so CI runs are
+reproducible: `make test` stays under its 15 minutes on 2 cores; 400 was the default before
+issue 35); `PARTIR_NIGHTLY=1` runs 2000 random ones. `PARTIR_PROPERTY_STATS=path.json`
 writes how many programs of each op kind the run checked, and their outcomes.
 """
 
@@ -36,8 +37,10 @@ from property_programs import (
     schedules,
 )
 
+pytestmark = pytest.mark.slow  # hundreds of random programs, each compiled twice
+
 NIGHTLY = os.environ.get("PARTIR_NIGHTLY") == "1"
-EXAMPLES = int(os.environ.get("PARTIR_PROPERTY_EXAMPLES", "2000" if NIGHTLY else "400"))
+EXAMPLES = int(os.environ.get("PARTIR_PROPERTY_EXAMPLES", "2000" if NIGHTLY else "100"))
 STATS_PATH = os.environ.get("PARTIR_PROPERTY_STATS")
 STATS = Stats()
 
@@ -59,6 +62,7 @@ def cases(draw):
     return recipe, schedule, draw(st.sampled_from(["redistribute", "stop"])), grad, mesh
 
 
+@pytest.mark.nightly
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not NIGHTLY,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.filter_too_much])

@@ -17,8 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from oracle import assert_matches_jax_jit
 
 import partir_plugin as partir
+
+pytestmark = pytest.mark.slow  # two partitions and compilations per finding
 
 CUBE = {"a": 2, "b": 2, "c": 2}
 WIDE = {"a": 4, "b": 2}
@@ -30,37 +33,14 @@ def mp(axis: str, inputs: dict | None = None, tags: dict | None = None
     return partir.ManualPartition(inputs or {}, axis=axis, tags=tags or {})
 
 
-def _scalar(outputs) -> jax.Array:
-    """A scalar of every float output: the sum of their mean sines."""
-    leaves = [o for o in jax.tree.leaves(outputs) if jnp.issubdtype(o.dtype, jnp.floating)]
-    return sum(jnp.mean(jnp.sin(o)) for o in leaves)
-
-
-def assert_matches_jit(fn: Callable, args: Sequence, mesh: dict[str, int], schedule: list,
-                       grad: bool = True) -> None:
-    """`fn(*args)` partitioned over `mesh` by `schedule` gives jax.jit's outputs, and (with
-    `grad`) so does the value and gradient (every float argument) of their mean sines."""
-    programs = [fn]
-    if grad:
-        floats = tuple(i for i, a in enumerate(args)
-                       if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating))
-
-        def value_and_grad(*a):
-            return jax.value_and_grad(lambda *b: _scalar(fn(*b)), argnums=floats)(*a)
-
-        programs.append(value_and_grad)
-    for program in programs:
-        step, meta = partir.jit(program, mesh, schedule, uneven_outputs="replicate")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", partir.UnevenOutputWarning)
-            got = step(*args)
-        want = jax.jit(program)(*args)
-        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-            w = np.asarray(w)
-            assert g.shape == w.shape, (g.shape, w.shape)
-            scale = max(float(np.abs(w).max()) if w.size else 0.0, 1e-3)
-            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4 * scale,
-                                       err_msg=f"{program.__name__}\n{meta.report()}")
+def assert_matches_jit(fn: Callable, args: Sequence, mesh: dict[str, int], schedule: list
+                       ) -> None:
+    """`fn(*args)` partitioned over `mesh` by `schedule` gives jax.jit's outputs, and so does
+    the value and gradient (every float argument) of their mean sines."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+        assert_matches_jax_jit(fn, args, mesh, schedule, gradients=True,
+                               uneven_outputs="replicate")
 
 
 def _uniform(*shape: int, seed: int = 0) -> np.ndarray:

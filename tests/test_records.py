@@ -293,6 +293,7 @@ def chromium() -> str | None:
 
 @pytest.mark.skipif(chromium() is None, reason="no chromium binary installed (Debian: apt-get "
                     "install chromium)")
+@pytest.mark.slow  # a subprocess
 def test_html_renders_in_headless_chromium(tmp_path, bp_mp):
     page = bp_mp.write_html(tmp_path / "report.html")
     proc = subprocess.run(
@@ -322,6 +323,7 @@ def test_stablehlo_file_keeps_locations_only_when_printed_with_them():
     assert NO_LOCATIONS_HINT in plain.report(detail=True)
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_writes_detail_trace_and_html(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "partir_plugin.cli", "report", "--function",

@@ -149,6 +149,7 @@ def problems(draw):
     return name, shape, src, dst
 
 
+@pytest.mark.slow  # 120 hypothesis problems, each compiled
 @settings(max_examples=120, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems())

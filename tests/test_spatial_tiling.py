@@ -7,21 +7,11 @@ from __future__ import annotations
 import inspect
 
 import jax
-import numpy as np
 import pytest
+from oracle import assert_matches_jax_jit
 from tmr_corpus import CASES
 
 import partir_plugin as partir
-
-
-def _check_against_jax_jit(step, args, schedule, mesh, **options):
-    f, meta = partir.jit(step, mesh, schedule, **options)
-    got = f(*args)
-    want = jax.jit(step)(*args)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        scale = max(1.0, float(np.abs(np.asarray(w)).max()))
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-5 * scale)
-    return meta
 
 
 def test_issue_18_weight_gradient_with_tiled_height():
@@ -33,21 +23,23 @@ def test_issue_18_weight_gradient_with_tiled_height():
     step = lambda img, ker: jax.value_and_grad(loss, argnums=(0, 1))(img, ker)
     img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 32, 4))
     ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
-    _check_against_jax_jit(step, (img, ker), [partir.ManualPartition({"img": 1}, axis="m")],
-                           jax.make_mesh((8,), ("m",)))
+    assert_matches_jax_jit(step, (img, ker), jax.make_mesh((8,), ("m",)),
+                           [partir.ManualPartition({"img": 1}, axis="m")])
 
 
 SPATIAL = [(c, arg, dim) for c in CASES for arg, dim in c.spatial]
 
 
+@pytest.mark.slow  # 45 programs, each compiled with its gradients
 @pytest.mark.parametrize("case,arg,dim", SPATIAL,
                          ids=[f"{c.name}-arg{a}-dim{d}" for c, a, d in SPATIAL])
 def test_spatial_tilings_give_jax_jit_numbers(case, arg, dim):
     names = list(inspect.signature(case.loss).parameters)  # value_and_grad keeps them
     schedule = [partir.ManualPartition({names[arg]: dim}, axis="m")]
-    _check_against_jax_jit(case.step(), case.args(), schedule, {"m": 4})
+    assert_matches_jax_jit(case.step(), case.args(), {"m": 4}, schedule)
 
 
+@pytest.mark.slow  # compiles a transformer's gradients
 @pytest.mark.parametrize("conflicts", ["redistribute", "stop"])
 def test_sequence_tiled_transformer_gradients_equal_jax_jit(conflicts):
     """Context parallelism (the sequence tiled over 4): the loss and every parameter's
@@ -65,7 +57,8 @@ def test_sequence_tiled_transformer_gradients_equal_jax_jit(conflicts):
         return grad_step(params, batch)
 
     cp = partir.ManualPartition({"batch": 1}, axis="seq", name="CP")
-    meta = _check_against_jax_jit(step, (params, batch), [cp], {"seq": 4}, conflicts=conflicts)
+    meta = assert_matches_jax_jit(step, (params, batch), {"seq": 4}, [cp],
+                                  conflicts=conflicts).meta
     row = meta.tactics[-1]
     assert bool(row.resolutions) == (conflicts == "redistribute")
     assert bool(row.conflicts) == (conflicts == "stop")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
+from oracle import assert_matches_jax_jit
 
 import partir_plugin as partir
 
@@ -24,19 +26,17 @@ def test_transpose_conflict_is_resolved_or_recorded():
     the same axis. By default the conflict is resolved as the paper's tagged program does it
     (x.T gathered once, the dot stays tiled on rows); with conflicts="stop" it is recorded
     and both operands are gathered (PartIR's semantics)."""
-    step, meta = partir.jit(gram, {"M": 8}, [partir.ManualPartition({"x": 0}, axis="M")])
-    np.testing.assert_allclose(np.asarray(step(X)), np.asarray(jax.jit(gram)(X)),
-                               rtol=1e-4, atol=1e-3)
+    meta = assert_matches_jax_jit(gram, (X,), {"M": 8},
+                                  [partir.ManualPartition({"x": 0}, axis="M")]).meta
     [resolution] = meta.tactics[0].resolutions
     assert resolution.startswith("stablehlo.dot_general at jit(gram)/dot_general on axis 'M'")
     assert "operand 1 tensor<256x256xf32> tile<1> -> full (all_gather" in resolution
     assert meta.tactics[0].conflicts == [] and meta.tactics[0].collectives["all_gather"] == 1
     assert "resolved after x@M" in meta.report()
 
-    step, meta = partir.jit(gram, {"M": 8}, [partir.ManualPartition({"x": 0}, axis="M")],
-                            conflicts="stop")
-    np.testing.assert_allclose(np.asarray(step(X)), np.asarray(jax.jit(gram)(X)),
-                               rtol=1e-4, atol=1e-3)
+    meta = assert_matches_jax_jit(gram, (X,), {"M": 8},
+                                  [partir.ManualPartition({"x": 0}, axis="M")],
+                                  conflicts="stop").meta
     [conflict] = meta.tactics[0].conflicts
     assert "dot_general" in conflict and "'M'" in conflict
     assert "conflict after x@M" in meta.report()  # the row name derived from inputs, axis
@@ -46,10 +46,8 @@ def test_transpose_conflict_is_resolved_or_recorded():
 def test_atomic_on_tagged_transpose_gives_the_papers_program():
     schedule = [partir.ManualPartition({"x": 0}, axis="M",
                                        tags={"transposed": partir.REPLICATED})]
-    step, meta = partir.jit(gram_tagged, {"M": 8}, schedule)
-    out = step(X)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(gram_tagged)(X)),
-                               rtol=1e-4, atol=1e-3)
+    matched = assert_matches_jax_jit(gram_tagged, (X,), {"M": 8}, schedule)
+    meta, out = matched.meta, matched.got
     assert meta.tactics[0].conflicts == []
     assert meta.tactics[0].collectives["all_gather"] == 1
     text = meta.device_local_stablehlo
@@ -60,6 +58,7 @@ def test_atomic_on_tagged_transpose_gives_the_papers_program():
     assert "atomic<tag 'transposed', 'M'>" in meta.tactics[0].actions
 
 
+@pytest.mark.slow  # compiles an MLP train step per schedule
 def test_atomic_parameter_stays_replicated_z2():
     """Z2 keeps params replicated even though the optimizer state is sharded."""
     import optax

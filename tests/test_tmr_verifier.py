@@ -16,14 +16,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from property_programs import build, example_args, recipes
-from test_tmr import ELEMENTWISE
-from tmr_corpus import CASES, GENERATED
+from tmr_corpus import CASES, ELEMENTWISE, GENERATED, assert_none_wrong, ops_of
 
 from partir_plugin.core.tmr import Sum, TileMappingRegistry, TMREntry
 from partir_plugin.extend import verify_entry, verify_registry, verify_rule
-from partir_plugin.ir.graph import walk
-from partir_plugin.ir.importer import import_lowered
-from partir_plugin.models import gns, inference_transformer, mlp, moe, transformer, unet
 from partir_plugin.plugin.manager import default_registry
 from partir_plugin.verify.tmr import Split, splits_of, verify_op, verify_split
 
@@ -33,29 +29,22 @@ def registry():
     return default_registry()
 
 
-def _ops(fn, *args):
-    return list(walk(import_lowered(jax.jit(fn).lower(*args)).ops))
-
-
-def _assert_none_wrong(report):
-    assert report.verdicts, "nothing was verified"
-    assert not report.wrong, str(report)
-
-
 # -- the verifier over the corpus ------------------------------------------------------------
 
+@pytest.mark.slow  # probes every entry of 36 programs
 def test_every_entry_of_the_window_and_data_movement_table_is_true(registry):
-    ops = [op for case in CASES for op in _ops(case.step(), *case.args())]
-    _assert_none_wrong(verify_registry(ops, registry))
+    ops = [op for case in CASES for op in ops_of(case.step(), *case.args())]
+    assert_none_wrong(verify_registry(ops, registry))
 
 
+@pytest.mark.slow  # probes every generated program's entries
 @pytest.mark.parametrize("family", sorted(GENERATED))
 def test_every_entry_of_the_generated_table_is_true(family, registry):
     """The property test's attribute spaces, one op each: pads of every sign and interior,
     windows with strides beyond them, convolutions, re-factoring reshapes, indexing with
     clamped, negative and dropped indices (`tmr_corpus.GENERATED`)."""
-    ops = [op for case in GENERATED[family] for op in _ops(case.step(), *case.args())]
-    _assert_none_wrong(verify_registry(ops, registry))
+    ops = [op for case in GENERATED[family] for op in ops_of(case.step(), *case.args())]
+    assert_none_wrong(verify_registry(ops, registry))
 
 
 def test_every_elementwise_entry_is_true(registry):
@@ -63,36 +52,17 @@ def test_every_elementwise_entry_is_true(registry):
     for _, fn, dtypes in ELEMENTWISE:
         args = [jnp.ones((4, 6), d) if d != jnp.bool_ else jnp.ones((4, 6), bool)
                 for d in dtypes]
-        ops += _ops(fn, *args)
-    _assert_none_wrong(verify_registry(ops, registry))
+        ops += ops_of(fn, *args)
+    assert_none_wrong(verify_registry(ops, registry))
 
 
-def _model_ops(module, config):
-    params, state, batch = module.init(config, jax.random.key(0))
-    step = (module.make_serve(config) if module is inference_transformer
-            else module.make_train_step(config))
-    return _ops(step, params, state, batch)
-
-
-MODELS = [(transformer, transformer.Config.small()),
-          (transformer, transformer.Config.small(scan=True)),
-          (inference_transformer, inference_transformer.Config.small()),
-          (unet, unet.Config.small()), (gns, gns.Config.small()), (mlp, mlp.Config.small()),
-          (moe, moe.Config.small(layers=1))]
-
-
-def test_every_entry_of_the_models_ops_is_true(registry):
-    # One corpus: an op the models share (Adam's updates, a layer norm) is probed once.
-    ops = [op for module, config in MODELS for op in _model_ops(module, config)]
-    _assert_none_wrong(verify_registry(ops, registry))
-
-
+@pytest.mark.slow  # hypothesis programs, each probed
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(recipe=recipes())
 def test_every_entry_of_random_programs_is_true(recipe):
     args = example_args(recipe)
-    report = verify_registry(_ops(build(recipe), *args), default_registry())
+    report = verify_registry(ops_of(build(recipe), *args), default_registry())
     assert not report.wrong, str(report)
 
 
@@ -100,7 +70,7 @@ def test_every_entry_of_random_programs_is_true(recipe):
 
 def _weight_gradient_conv():
     case = next(c for c in CASES if c.name == "conv_same")
-    for op in _ops(case.step(), *case.args()):
+    for op in ops_of(case.step(), *case.args()):
         if op.name == "stablehlo.convolution" and op.results[0].type.shape == (3, 3, 4, 8):
             return op
     raise AssertionError("no weight-gradient convolution")
@@ -139,16 +109,16 @@ def test_a_wrong_sum_reduction_is_caught():
     registry.register("stablehlo.dot_general",
                       lambda op: [TMREntry((1, 0), (Sum("max"),), op.operands[1].type.shape[0])])
     x, w = jnp.ones((4, 8)), jnp.ones((8, 2))
-    report = verify_registry(_ops(lambda a, b: a @ b, x, w), registry)
+    report = verify_registry(ops_of(lambda a, b: a @ b, x, w), registry)
     assert len(report.wrong) == 1 and "sum<max>" in str(report.wrong[0])
 
 
 # -- splits of an axis across a compound dimension (`core/splitting.py`) --------------------
 
-def _reshape_ops(fn, shape):
+def _reshapeops_of(fn, shape):
     """The reshapes of `fn` and of its gradient (a reshape's transpose is the inverse one)."""
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
-    ops = _ops(jax.value_and_grad(lambda x: jnp.sum(jnp.sin(fn(x)))), x)
+    ops = ops_of(jax.value_and_grad(lambda x: jnp.sum(jnp.sin(fn(x)))), x)
     return [op for op in ops if op.name == "stablehlo.reshape"]
 
 
@@ -176,18 +146,18 @@ def test_every_split_of_the_reshape_table_is_true(case, registry):
     offers alone) in the forward and gradient reshapes; every nest propagation derives, run
     on the sub-axes of one axis in its loops' places, gives the op's blocks."""
     _, fn, shape, meshes = case
-    ops = _reshape_ops(fn, shape)
+    ops = _reshapeops_of(fn, shape)
     for sizes in meshes:
         assert any(splits_of(op, sizes, registry) for op in ops), f"nothing splits on {sizes}"
     report = verify_registry(ops, registry, parts=(2, 4), split_meshes=meshes)
     assert sum(isinstance(v.entry, Split) for v in report.verdicts) >= len(meshes)
-    _assert_none_wrong(report)
+    assert_none_wrong(report)
 
 
 def test_a_deliberately_wrong_split_is_caught(registry):
     """`16 -> 4x4` on 8 devices: `model:(1)4` on the major factor, `model:(4)2` on the minor.
     The minor factor's entry alone, or the loops in the other order, give wrong blocks."""
-    (op,) = [op for op in _reshape_ops(lambda x: x.reshape(4, 4), (16,))
+    (op,) = [op for op in _reshapeops_of(lambda x: x.reshape(4, 4), (16,))
              if op.results[0].type.shape == (4, 4)]
     (split,) = splits_of(op, (8,), registry)
     major, minor = split.loops

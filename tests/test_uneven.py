@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from oracle import assert_matches_jax_jit
 
 import partir_plugin as partir
 from partir_plugin.core.padding import is_padded, local_extent, tile_bounds
@@ -21,22 +22,16 @@ from partir_plugin.ir.graph import walk
 from partir_plugin.ir.importer import import_lowered
 from partir_plugin.plugin.manager import default_registry
 
+pytestmark = pytest.mark.slow  # compiles a program per uneven case
+
 MESH = {"m": 8}
 
 
 def _check(fn, args, inputs, mesh=None, axis="m", schedule=None, **options):
     """Partition `fn` with `inputs` tiled on `axis`, compare every output with jax.jit's."""
     schedule = schedule or [partir.ManualPartition(inputs, axis=axis)]
-    f, meta = partir.jit(fn, mesh or MESH, schedule, **options)
-    got = f(*args)
-    want = jax.jit(fn)(*args)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert g.shape == w.shape
-        w = np.asarray(w)
-        scale = max(1.0, float(np.abs(w[np.isfinite(w)]).max())) if w.size else 1.0
-        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-5, atol=2e-5 * scale,
-                                   err_msg=meta.report())
-    return f, meta
+    matched = assert_matches_jax_jit(fn, args, mesh or MESH, schedule, **options)
+    return matched.step, matched.meta
 
 
 def _negative(shape, seed=0):

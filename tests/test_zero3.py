@@ -38,6 +38,7 @@ def small_transformer():
     return cfg, transformer.init(cfg, jax.random.PRNGKey(0))
 
 
+@pytest.mark.slow  # compiles a transformer step twice
 def test_z3_regathers_vectors_and_is_no_larger_than_jax_jit(small_transformer):
     cfg, args = small_transformer
     params = args[0]
@@ -80,6 +81,7 @@ def _gradients(loss_fn, optimizer):
     return step
 
 
+@pytest.mark.slow  # compiles a transformer's gradients
 def test_z3_gradients_match_jax_jit(small_transformer):
     cfg, args = small_transformer
     step = _gradients(lambda params, batch: transformer.loss_fn(cfg, params, batch),

@@ -30,6 +30,9 @@ from property_programs import (
     window_configs,
 )
 
+from partir_plugin.ir.graph import walk
+from partir_plugin.ir.importer import import_lowered
+
 
 @dataclass(frozen=True)
 class Case:
@@ -244,3 +247,97 @@ def _indexing_cases() -> list[Case]:
 GENERATED = {"pad": _pad_cases(), "window": _window_cases(), "conv": _conv_cases(),
              "reshape": _reshape_cases(), "indexing": _indexing_cases()}
 GENERATED_CASES = [case for cases in GENERATED.values() for case in cases]
+
+
+
+def ops_of(fn: Callable, *args) -> list:
+    """Every op of `fn`'s lowering on `args`, nested regions included: what the verifier probes."""
+    return list(walk(import_lowered(jax.jit(fn).lower(*args)).ops))
+
+
+def assert_none_wrong(report) -> None:
+    """The verifier checked something and found no entry wrong."""
+    assert report.verdicts, "nothing was verified"
+    assert not report.wrong, str(report)
+
+
+# -- elementwise ops: the entries test_tmr checks op by op, the verifier checks true --------
+
+F32, I32, U32, C64 = jnp.float32, jnp.int32, jnp.uint32, jnp.complex64
+
+# (op jax emits, function, operand dtypes). Shapes are all (8, 4).
+UNARY = [
+    ("stablehlo.abs", lax.abs, [F32]),
+    ("stablehlo.negate", lax.neg, [F32]),
+    ("stablehlo.exponential", lax.exp, [F32]),
+    ("stablehlo.exponential_minus_one", lax.expm1, [F32]),
+    ("stablehlo.log", lax.log, [F32]),
+    ("stablehlo.log_plus_one", lax.log1p, [F32]),
+    ("stablehlo.tanh", lax.tanh, [F32]),
+    ("stablehlo.sqrt", lax.sqrt, [F32]),
+    ("stablehlo.rsqrt", lax.rsqrt, [F32]),
+    ("stablehlo.cbrt", lax.cbrt, [F32]),
+    ("stablehlo.sine", lax.sin, [F32]),
+    ("stablehlo.cosine", lax.cos, [F32]),
+    ("stablehlo.tan", lax.tan, [F32]),
+    ("stablehlo.floor", lax.floor, [F32]),
+    ("stablehlo.ceil", lax.ceil, [F32]),
+    ("stablehlo.sign", lax.sign, [F32]),
+    ("stablehlo.round_nearest_afz", lax.round, [F32]),
+    ("stablehlo.round_nearest_even",
+     lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN), [F32]),
+    ("stablehlo.is_finite", lax.is_finite, [F32]),
+    ("stablehlo.convert", lambda x: x.astype(I32), [F32]),
+    ("stablehlo.bitcast_convert", lambda x: lax.bitcast_convert_type(x, I32), [F32]),
+    ("stablehlo.reduce_precision", lambda x: lax.reduce_precision(x, 5, 10), [F32]),
+    ("stablehlo.not", lax.bitwise_not, [I32]),
+    ("stablehlo.popcnt", lax.population_count, [I32]),
+    ("stablehlo.count_leading_zeros", lax.clz, [I32]),
+    ("stablehlo.real", lax.real, [C64]),
+    ("stablehlo.imag", lax.imag, [C64]),
+]
+BINARY = [
+    ("stablehlo.add", lax.add, [F32, F32]),
+    ("stablehlo.subtract", lax.sub, [F32, F32]),
+    ("stablehlo.multiply", lax.mul, [F32, F32]),
+    ("stablehlo.divide", lax.div, [F32, F32]),
+    ("stablehlo.maximum", lax.max, [F32, F32]),
+    ("stablehlo.minimum", lax.min, [F32, F32]),
+    ("stablehlo.power", lax.pow, [F32, F32]),
+    ("stablehlo.remainder", lax.rem, [F32, F32]),
+    ("stablehlo.atan2", lax.atan2, [F32, F32]),
+    ("stablehlo.compare", lax.lt, [F32, F32]),
+    ("stablehlo.complex", lax.complex, [F32, F32]),
+    ("stablehlo.and", lax.bitwise_and, [I32, I32]),
+    ("stablehlo.or", lax.bitwise_or, [I32, I32]),
+    ("stablehlo.xor", lax.bitwise_xor, [I32, I32]),
+    ("stablehlo.shift_left", lax.shift_left, [I32, I32]),
+    ("stablehlo.shift_right_arithmetic", lax.shift_right_arithmetic, [I32, I32]),
+    ("stablehlo.shift_right_logical", lax.shift_right_logical, [U32, U32]),
+]
+TERNARY = [
+    ("stablehlo.select", lax.select, [jnp.bool_, F32, F32]),
+    ("stablehlo.clamp", lax.clamp, [F32, F32, F32]),
+]
+# Every elementwise CHLO op jax emits (Shardy has no rule for CHLO: ours is hand-written).
+CHLO = [
+    ("chlo.acos", lax.acos, [F32]),
+    ("chlo.acosh", lax.acosh, [F32]),
+    ("chlo.asin", lax.asin, [F32]),
+    ("chlo.asinh", lax.asinh, [F32]),
+    ("chlo.atan", lax.atan, [F32]),
+    ("chlo.atanh", lax.atanh, [F32]),
+    ("chlo.cosh", lax.cosh, [F32]),
+    ("chlo.sinh", lax.sinh, [F32]),
+    ("chlo.square", lax.square, [F32]),
+    ("chlo.erf", lax.erf, [F32]),
+    ("chlo.erfc", lax.erfc, [F32]),
+    ("chlo.erf_inv", lax.erf_inv, [F32]),
+    ("chlo.lgamma", lax.lgamma, [F32]),
+    ("chlo.digamma", lax.digamma, [F32]),
+    ("chlo.bessel_i1e", lax.bessel_i1e, [F32]),
+    ("chlo.next_after", lax.nextafter, [F32, F32]),
+    ("chlo.polygamma", lax.polygamma, [F32, F32]),
+    ("chlo.zeta", lax.zeta, [F32, F32]),
+]
+ELEMENTWISE = UNARY + BINARY + TERNARY + CHLO

@@ -1,0 +1,35 @@
+"""Issue 18: every TMR entry of every op of the paper's models is a true equivalence
+(`tmr_verifier`). Apart from tests/test_tmr_verifier.py because it is the suite's longest test:
+`--dist loadfile` then runs it beside the rest of the verifier's tests, not after them."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from partir_plugin.plugin.manager import default_registry
+from tmr_corpus import assert_none_wrong, ops_of
+
+from partir_plugin.extend import verify_registry
+from partir_plugin.models import gns, inference_transformer, mlp, moe, transformer, unet
+
+pytestmark = pytest.mark.slow  # probes every op of every model
+
+
+def _model_ops(module, config):
+    params, state, batch = module.init(config, jax.random.key(0))
+    step = (module.make_serve(config) if module is inference_transformer
+            else module.make_train_step(config))
+    return ops_of(step, params, state, batch)
+
+
+MODELS = [(transformer, transformer.Config.small()),
+          (transformer, transformer.Config.small(scan=True)),
+          (inference_transformer, inference_transformer.Config.small()),
+          (unet, unet.Config.small()), (gns, gns.Config.small()), (mlp, mlp.Config.small()),
+          (moe, moe.Config.small(layers=1))]
+
+
+def test_every_entry_of_the_models_ops_is_true():
+    # One corpus: an op the models share (Adam's updates, a layer norm) is probed once.
+    ops = [op for module, config in MODELS for op in _model_ops(module, config)]
+    assert_none_wrong(verify_registry(ops, default_registry()))
