@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import jax
 import pytest
-from partir_plugin.plugin.manager import default_registry
 from tmr_corpus import assert_none_wrong, ops_of
 
 from partir_plugin.extend import verify_registry
 from partir_plugin.models import gns, inference_transformer, mlp, moe, transformer, unet
+from partir_plugin.plugin.manager import default_registry
 
 pytestmark = pytest.mark.slow  # probes every op of every model
 
