@@ -3,7 +3,7 @@
 Every op is printed with its location (`loc(#locN)`, each distinct location defined once at
 the module's end: `location_aliases.py`), so XLA's metadata names jax's op and the user's
 line; `op_names` replaces the name stack of some ops' locations (the collectives the lowering
-inserted, named after their tactic: `collective_names.py`).
+inserted, named after their tactic: `report/collective_names.py`).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class SpmdProgram:
     # What the lowering rules found to say about this program (e.g. a `HaloWarning`), in
     # program order; the driver emits them (`emit_diagnostics`), code generation never warns.
     diagnostics: list[Warning] = field(default_factory=list)
-    # Collectives printed under a name saying what they are and why (`collective_names.py`;
+    # Collectives printed under a name saying what they are and why (`report/collective_names.py`;
     # set before the text is first printed).
     op_names: dict[Op, str] = field(default_factory=dict, repr=False, compare=False)
     _text: str | None = field(default=None, repr=False, compare=False)

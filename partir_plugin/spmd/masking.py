@@ -10,7 +10,7 @@ against the device's count of valid rows, never a multiply, so NaN or inf garbag
 leak. Softmax, argmax-by-gather and the like are made of these ops and need nothing more;
 ops with no safe entry are refused uneven tiles in propagation (`entry_allows_padding`).
 A windowed op tiled by a halo entry reads its neighbours' rows, padding included: its padding
-gets the op's own pad value (`WINDOW_PAD`) before the halos are exchanged (`spmd/halo.py`).
+gets the op's own pad value (`WINDOW_PAD`) before the halos are exchanged (`spmd/rules/halo.py`).
 """
 
 from __future__ import annotations

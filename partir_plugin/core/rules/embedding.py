@@ -7,8 +7,8 @@ tiled on `k` (the vocabulary) is then looked up per tile with indices shifted to
 rows outside it zeroed; the tiles' results add up to the full lookup (paper 1 §5, the
 vocabulary-sharded embedding). The TMR rule and the lowering share this recognition. Its
 gradient, `zeros.at[ids].add(updates)`, is the scatter of the same form (`scatter_dim`),
-which the lowering exchanges (`spmd/scatter_exchange.py`). The vocabulary entry is the
-kernel's: only its lowering knows how to shift the ids and zero the foreign rows.
+which the lowering exchanges (`spmd/rules/embedding.py`, `ScatterExchange`). The vocabulary
+entry is the kernel's: only its lowering knows how to shift the ids and zero the foreign rows.
 """
 
 from __future__ import annotations

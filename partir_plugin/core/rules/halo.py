@@ -1,15 +1,15 @@
 """Halo entries: tiling a spatial dimension of a windowed op (convolution, reduce_window),
-the TMR side of `spmd/halo.py` (named alike: the rows a tile reads from its neighbours).
+the TMR side of `spmd/rules/halo.py` (named alike: the rows a tile reads from its neighbours).
 
 Shardy marks a window's spatial factor as a permutation (a halo swap), which gives no TMR
 entry, so such a tiling used to stop propagation and gather. A `HaloEntry` tiles it anyway:
 output-driven, device j of k computes output rows `[j·m, (j+1)·m)` and reads input rows
 `[j·n - left, (j+1)·n + right)`, the tile it holds plus halos its neighbours send
-(`spmd/halo.py`). That is a plain tiling of the op (paper 1 §5.2.1) as long as the window moves
-by a whole number of tiles per tile of output: `m·stride == n·lhs_dilation`. The weight-gradient
-convolution (image x output gradient -> kernel) is the same with the roles swapped: the output
-gradient is the window, tiled plainly, each device reads its image rows plus halos, and the
-kernel is a partial `Sum`.
+(`spmd/rules/halo.py`). That is a plain tiling of the op (paper 1 §5.2.1) as long as the
+window moves by a whole number of tiles per tile of output: `m·stride == n·lhs_dilation`.
+The weight-gradient convolution (image x output gradient -> kernel) is the same with the
+roles swapped: the output gradient is the window, tiled plainly, each device reads its image
+rows plus halos, and the kernel is a partial `Sum`.
 
 With padded tiles (`core/padding.py`) n and m are `ceil(size/k)` and `ceil(out/k)`: a VALID
 window (32 -> 30 rows) or an uneven extent (37 rows) keeps the geometry for the k where the

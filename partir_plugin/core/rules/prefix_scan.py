@@ -5,8 +5,8 @@ cumprod; jax writes `lax.cumsum` this way on CPU and GPU: window n, padding (n-1
 As a window such a dimension needs a halo wider than any tile, which gathered it. As a scan it
 partitions like a reduction: device j scans its own tile, then adds (maxes, ...) the
 combination of the tile totals before it (after it, reversed): a prefix over k tile totals,
-all-gathered, as small as one row per device (`spmd/scan.py`). Padded tiles are allowed: the
-lowering masks the padding with the reducer's identity first.
+all-gathered, as small as one row per device (`spmd/rules/prefix_scan.py`). Padded tiles are
+allowed: the lowering masks the padding with the reducer's identity first.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ...ir.opsets import Reduction
 from ..tmr import TMREntry
 from .reductions import reduce_kind
 
-# The reductions `spmd/scan.py` finishes a tile's scan with.
+# The reductions `spmd/rules/prefix_scan.py` finishes a tile's scan with.
 _SCANNED = frozenset({Reduction.ADD, Reduction.MAX, Reduction.MIN, Reduction.MUL})
 
 

@@ -6,7 +6,7 @@ padding of its own), and a slice back to the image's rows. Apart, a tiled spatia
 has nowhere to go: the pad shifts every tile and makes the extent uneven. Together they are a
 windowed op like the pool itself, output-driven: the device holding image rows `[j·n,
 (j+1)·n)` needs the windows that touch them, so its own rows plus halos of the image and of
-the gradient (core/rules/halo.py `ScatterHalo`, spmd/halo.py).
+the gradient (core/rules/halo.py `ScatterHalo`, spmd/rules/halo.py).
 
 The importer fuses the trio into one `partir.padded_select_and_scatter` op (operands: image,
 source, init, pad value; the pad's edges and the window's attributes; the select and scatter

@@ -1,7 +1,7 @@
 """Embedding lookups and their gradients' scatters on a vocabulary-tiled table.
 
-A lookup `table[ids]` with the table tiled on its vocabulary (`core/gather.py`): each device
-shifts the ids into its tile, looks them up (clamped) and zeroes the rows whose id is not in
+A lookup `table[ids]` with the table tiled on its vocabulary (`core/rules/embedding.py`): each
+device shifts the ids into its tile, looks them up (clamped) and zeroes the rows whose id is not in
 its tile, so the tiles' partial results add up.
 
 The gradient's scatter-add may exchange its updates instead of reducing its pending sum. Under

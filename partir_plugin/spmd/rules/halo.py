@@ -1,4 +1,4 @@
-"""Halo exchange: the lowering of a `HaloEntry` (core/windows.py).
+"""Halo exchange: the lowering of a `HaloEntry` (core/rules/halo.py).
 
 Device j of k along the tiling axes holds rows `[j·n, (j+1)·n)` of a windowed op's input and
 computes its own output rows (n = ceil(size/k): a padded tile's padding is first set to the
@@ -107,7 +107,7 @@ def extend_operands(em: Emitter, op: Op, nest: Nest, operands: list[Value],
 def lower_padded_scatter(em: Emitter, op: Op, nest: Nest, operands: list[Value],
                          result: TensorType, regions: list[Region], diagnostics: list[Warning]
                          ) -> Value:
-    """A padded select_and_scatter (ir/padded_scatter.py) as local pad, select_and_scatter
+    """A padded select_and_scatter (ir/passes/padded_scatter.py) as local pad, select_and_scatter
     and slice. Along a dimension tiled by a halo entry the image arrives with its halos (the
     pad value past the global edges) and the source with its own (zeros past the edges: a
     window there scatters nothing), the pad is already in the extended image, and the slice
