@@ -197,3 +197,20 @@ def test_names_are_escaped_as_mlir_strings():
     assert escape("jit(f)/a b") == "jit(f)/a b"
     assert escape('say "hi" \\ ok') == 'say \\22hi\\22 \\\\ ok'
     assert escape("é") == "\\C3\\A9"
+
+
+def test_no_location_names_the_kernels_own_frames():
+    """jax records an op's frames up to the outermost caller, the driver's included; the
+    kernel registers its files as jax does its own, so the program's locations (and the
+    compiled step's stack frames) hold the user's frames only."""
+    import jax.numpy as jnp
+
+    def step(w, x):
+        return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+    f, _ = partir.jit(step, {"batch": 4, "model": 2},
+                      [partir.ManualPartition({"x": 0}, axis="batch")])
+    text = f.lower(jnp.ones((8, 8)), jnp.ones((16, 8))).as_text()
+    files = re.findall(r'^#loc\d+ = loc\("([^"]+)":\d+', text, re.M)
+    assert any(f.endswith("test_profile_names.py") for f in files)
+    assert not [f for f in files if is_library_file(f) and "partir_plugin" in f]

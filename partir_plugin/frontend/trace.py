@@ -9,6 +9,7 @@ on this trace (`Traced.tactic_for`), so what one trace found never leaks into an
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from ..core.actions import Leaf
 from ..errors import PartitionError
 from ..ir.graph import Func
 from ..ir.importer import import_lowered, import_stablehlo
+from ..ir.locations import kernel_path_prefixes
 from ..tactics.base import Tactic, as_tactic
 
 
@@ -103,6 +105,20 @@ def aval_key(x) -> tuple:
     return (tuple(aval.shape), aval.dtype, aval.weak_type)
 
 
+@functools.cache
+def hide_kernel_frames() -> None:
+    """Keep the kernel's frames out of the locations jax records for every op it traces.
+
+    jax writes an op's Python frames up to the outermost caller, ours (the driver's) included,
+    into the program's locations, and from there into the compiled step's stack frames. Its
+    own frames and Flax's are excluded the same way (`register_exclusion`), so a profile's
+    stack shows the user's code only, and a move of the driver's code changes no program."""
+    from jax.extend.source_info_util import register_exclusion
+
+    for prefix in kernel_path_prefixes():
+        register_exclusion(prefix)
+
+
 def trace(fn, args: tuple, schedule: Sequence = (), mesh=None) -> Traced:
     """Lower `fn` with jax (no sharding: partitioning starts from the logical program,
     whatever sharding an argument carries) and import it; name every argument leaf.
@@ -110,6 +126,8 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None) -> Traced:
     The trace hooks of `schedule`'s tactics (for `mesh`) are entered around jax's trace;
     with any, a fresh wrapper is traced, so a trace jax cached without them is not reused."""
     import jax
+
+    hide_kernel_frames()
 
     def abstract(x):
         shape, dtype, weak = aval_key(x)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,20 @@ class ParsedLocation:
         if "jvp(" in stack:
             return Phase.FORWARD
         return None
+
+
+def kernel_path_prefixes() -> list[str]:
+    """The kernel's source files as path prefixes: every module and package of partir_plugin
+    but the models and examples it ships, which are user code (`is_library_file`)."""
+    prefixes = []
+    for child in sorted(_KERNEL_DIR.iterdir()):
+        if child in _USER_DIRS or child.name == "__pycache__":
+            continue
+        if child.is_dir():
+            prefixes.append(f"{child}{os.sep}")
+        elif child.suffix == ".py":
+            prefixes.append(str(child))
+    return prefixes
 
 
 @functools.cache
