@@ -1,4 +1,4 @@
-"""Issue 18: every TMR entry is a true equivalence, checked at the entry (`tmr_verifier`), and
+"""Issue 18: every TMR entry is a true equivalence, checked at the entry (`verify/tmr.py`), and
 spatially tiled convolutions, windows and data movement give jax.jit's numbers.
 
 The regression: Shardy's rule for a weight-gradient convolution (image x output gradient ->

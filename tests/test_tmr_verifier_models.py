@@ -1,5 +1,5 @@
 """Issue 18: every TMR entry of every op of the paper's models is a true equivalence
-(`tmr_verifier`). Apart from tests/test_tmr_verifier.py because it is the suite's longest test:
+(`verify/tmr.py`). Apart from tests/test_tmr_verifier.py because it is the suite's longest test:
 `--dist loadfile` then runs it beside the rest of the verifier's tests, not after them."""
 
 from __future__ import annotations
