@@ -35,5 +35,6 @@ class Marker(LoweringRule):
 
     def move(self, em: Emitter, x: Value, attrs: dict, dim: int, axes: tuple[str, ...]
              ) -> Value:
-        """`x`, this device's block of dimension `dim` tiled over `axes`, moved."""
-        raise NotImplementedError
+        """`x`, this device's block of dimension `dim` tiled over `axes`, moved (each marker's
+        rule says how: `roll.Roll`, `interleave.Interleave`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define move()")
