@@ -59,6 +59,7 @@ from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
 from .tactics.automatic import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
 from .tactics.manual import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
 from .tactics.pipeline_parallel import PipelineParallel
+from .tactics.rematerialization import Rematerialization, RematerializationFigures
 from .verify.tmr import (
     EntryVerdict,
     VerificationReport,
@@ -73,6 +74,7 @@ __all__ = [
     "DecisionKind", "FrozenPartition", "Func", "HardwareSpec", "Leaf", "LinkClass",
     "LoweringCache", "ManualPartition", "Mesh", "Op", "Override", "PartitionError",
     "PartitionState", "PipelineParallel", "PluginError", "Reason", "Regather", "Region",
+    "Rematerialization", "RematerializationFigures",
     "SearchResult", "SimulationResult", "Simulator", "SourceLocation", "SpmdProgram", "Sum",
     "TMREntry", "TacticContext", "TensorType", "TileMappingRegistry", "TimelineEvent",
     "UnknownNameError", "Value", "VerificationReport", "collective_axes", "collective_kind",

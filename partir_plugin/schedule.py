@@ -26,12 +26,14 @@ from .tactics.base import Tactic
 
 @dataclass(frozen=True)
 class AfterTactic:
-    """What one tactic left: its name, its actions and search, and a copy of the state."""
+    """What one tactic left: its name, its actions, search and rematerialization figures,
+    and a copy of the state."""
 
     name: str
     state: PartitionState
     actions: list[str]
     search: Any
+    rematerialization: Any = None
 
 
 @dataclass
@@ -96,7 +98,8 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule: Sequenc
         ctx.propagate()
         # The last tactic's state is the final one, which nothing changes any more.
         kept = state if i == len(schedule) - 1 else state.copy()
-        after.append(AfterTactic(tactic.name, kept, ctx.actions, ctx.search))
+        after.append(AfterTactic(tactic.name, kept, ctx.actions, ctx.search,
+                                 ctx.rematerialization))
     if not schedule:  # an empty schedule: the replicated program
         propagate(state)
     for tactic in schedule:  # checks that need the whole schedule's decisions (PP)

@@ -42,6 +42,7 @@ class TacticContext:
         self.hardware = hardware  # the jit's hardware spec (name or object), for searchers
         self.actions: list[str] = []
         self.search = None  # an automatic tactic's SearchResult, for the report
+        self.rematerialization = None  # RM's RematerializationFigures, for the report
         self._touched: list[Value] = []
 
     @property

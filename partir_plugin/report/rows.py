@@ -60,7 +60,8 @@ class TacticReports(Sequence[TacticReport]):
                 program = (self._final if i == last and self._final is not None
                            else lower_to_spmd(t.state, cache))
                 rows.append(tactic_report(t.name, program, t.state, self._hardware,
-                                          t.actions, memo, t.search, index))
+                                          t.actions, memo, t.search, index,
+                                          t.rematerialization))
             attribute_tactics([(t.name, t.state, row.sites)
                                for t, row in zip(self._after, rows)])
         return rows
@@ -119,7 +120,8 @@ def estimate(program: SpmdProgram, hardware: HardwareSpec | str | None, memo: di
 
 def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardware,
                   actions: list[str] | None = None, memo: dict | None = None,
-                  search=None, index: ProgramIndex | None = None) -> TacticReport:
+                  search=None, index: ProgramIndex | None = None,
+                  rematerialization=None) -> TacticReport:
     """The report row for the program as it stands (the one place rows are assembled), with
     a site per collective (`TacticReport.records`; `index` is shared by a schedule's rows)."""
     result = estimate(program, hardware, memo, timeline=True)
@@ -140,7 +142,8 @@ def tactic_report(name: str, program: SpmdProgram, state: PartitionState, hardwa
                         # Nothing to say where no tiling pads (walking every op's masks
                         # costs about a tenth of a row on the decoder).
                         padding=padding_report(state) if state.pads_any else [],
-                        timeline=result.timeline if result is not None else [])
+                        timeline=result.timeline if result is not None else [],
+                        rematerialization=rematerialization)
 
 
 def _sum_notes(program: SpmdProgram, state: PartitionState) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..cost import TimelineEvent
 from ..tactics.automatic import SearchResult
+from ..tactics.rematerialization import RematerializationFigures
 from .records import CollectiveRecord, CollectiveSite
 
 # The name of the report's first row when it shows the unpartitioned program.
@@ -38,6 +39,8 @@ class TacticReport:
     # Per collective op of the program, what the row knew when it was made; `records` turns
     # them into `CollectiveRecord`s on first read (parsing source locations then).
     sites: list[CollectiveSite] = field(default_factory=list, compare=False, repr=False)
+    # What RM saves and recomputes (its row only; None for other tactics).
+    rematerialization: RematerializationFigures | None = None
     # The simulated timeline of the program (kernels with their starts), for `write_trace`.
     timeline: list[TimelineEvent] = field(default_factory=list, compare=False, repr=False)
 
@@ -53,5 +56,9 @@ class TacticReport:
                 if f.name not in ("sites", "timeline")}
         if self.search is not None:
             data["search"] = asdict(self.search)
+        if self.rematerialization is not None:
+            data["rematerialization"] = {**asdict(self.rematerialization),
+                                         "activation_bytes_saved":
+                                         self.rematerialization.activation_bytes_saved}
         data["records"] = [r.to_json() for r in self.records]
         return data

@@ -19,8 +19,6 @@ their results are never read, so nothing they produce, NaN included, reaches the
 
 from __future__ import annotations
 
-import contextvars
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from ...core.mesh import Mesh
 from ...errors import PartitionError
 from ...markers import interleave, roll, tag
 from ..base import Tactic
+from ..layer_loop import LayerLoopHook, Remat, ScanCall, call_site, original_scan
 from .layer_program import KeptState, LayerProgram
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
@@ -94,22 +93,6 @@ def _check(shape: PipelineShape, batch: int) -> None:
                              f"iterations after it left it")
 
 
-def _call_site() -> str:
-    """`file:line` of the model code that called the scan being pipelined (the first frame
-    outside jax, flax and partir_plugin's own machinery), for messages."""
-    import traceback
-
-    skip = ("/jax/", "/flax/", "/jaxlib/", "contextlib.py", "functools.py")
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        f = frame.filename.replace("\\", "/")
-        if any(s in f for s in skip):
-            continue
-        if "/partir_plugin/" in f and "/partir_plugin/models/" not in f:
-            continue
-        return f"{frame.filename}:{frame.lineno}"
-    return "an unknown line"
-
-
 def _batch_size(carry_leaves) -> int:
     """The batch: the leading dimension of the carry's largest leaf (the activations)."""
     arrays = [c for c in carry_leaves if getattr(c, "ndim", 0) >= 1]
@@ -121,7 +104,8 @@ def _batch_size(carry_leaves) -> int:
 def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                    repeats: int = 1, scan: Callable = lax.scan, fill: float = 0.0,
                    layer: LayerTrace | None = None, reverse: bool = False,
-                   site: str | None = None, kept: KeptState | None = None):
+                   site: str | None = None, kept: KeptState | None = None,
+                   remat: Remat | None = None):
     """`lax.scan(body, carry, xs, reverse=reverse)` over stacked layers as a GPipe pipeline
     (`repeats` > 1: the circular schedule, stage s holding layer chunks s, s+S, ..., each
     microbatch passing through the stages R times); returns `(final carry, ys)` like the scan.
@@ -136,10 +120,12 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     output buffer hold before anything is written (NaN proves that no bubble slot reaches the
     results). `reverse`: the layers run last to first (the pipeline's first stage holds the
     last layers; the stack stays where it is). `layer`: the body traced for the whole batch.
+    `remat` wraps each iteration's stage body (every stage's layers on the microbatch it
+    holds), the unit RM recomputes (`layer_loop.LayerLoopHook.remat`).
     """
     carry_leaves, carry_tree = jax.tree.flatten(carry)
     xs_leaves = jax.tree.leaves(xs)
-    site = site or _call_site()
+    site = site or call_site()
     if not carry_leaves or not xs_leaves:
         raise PartitionError(f"PP: the layer loop at {site} must carry activations and scan "
                              f"stacked per-layer inputs (parameters)")
@@ -210,6 +196,13 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
 
         return scan(one, (h, sums), layer_inputs, reverse=reverse)[0]
 
+    stage_body = jax.vmap(run_stage)
+    if remat is not None:
+        per = layers // (S * R)
+        stage_body = remat(stage_body, shape.iterations,
+                           f"stage body ({S} stages x {per} layer{'s' if per > 1 else ''} "
+                           f"on a microbatch of {mb})")
+
     def where_stage(mask, a, b):
         return jnp.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)
 
@@ -244,7 +237,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                   for v in map(entering, first, state)]
         pe_in = list(map(entering, pe_first, pe_state))
         zero = [jnp.zeros((S, *v.shape), v.dtype) for v in (carry_leaves[i] for i in sum_at)]
-        out, sums = jax.vmap(run_stage)(inputs, pe_in, m, zero, chunk(t))
+        out, sums = stage_body(inputs, pe_in, m, zero, chunk(t))
         acc = [a + where_stage(valid, s, jnp.zeros_like(s)) for a, s in zip(acc, sums)]
         shifted = [shift(y) for y in out]
         pe_shifted = [shift(y) for y in pe_in]
@@ -403,93 +396,24 @@ class _LayerLoop:
     passed_over: list[str] = field(default_factory=list)
 
 
-# The layer-loop hook of the trace running in this context (thread, task), if any: the one
-# `jax.lax.scan` wrapper dispatches on it, so two traces at once, on two threads or nested,
-# each pipeline their own loop.
-_ACTIVE: contextvars.ContextVar[_LayerLoopHook | None] = contextvars.ContextVar(
-    "partir_pp_layer_loop", default=None)
+class _PipelineHook(LayerLoopHook):
+    """While the step is traced: the layer loop (`layer_loop`) becomes a pipelined loop.
+    Entering gives the tactic that runs on this trace (`_PipelineRun`), which holds what the
+    trace found."""
 
-
-class _ScanPatch:
-    """`jax.lax.scan` replaced by `_dispatching_scan` while any layer-loop hook is entered
-    (a count under a lock, so the last hook to leave, on any thread, restores it)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.original: Callable = lax.scan
-
-    def __enter__(self) -> None:
-        with self.lock:
-            if self.users == 0:
-                self.original = jax.lax.scan
-                jax.lax.scan = _dispatching_scan
-            self.users += 1
-
-    def __exit__(self, *exc) -> None:
-        with self.lock:
-            self.users -= 1
-            if self.users == 0:
-                jax.lax.scan = self.original
-
-
-_SCAN = _ScanPatch()
-
-
-def _dispatching_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **kwargs):
-    """`jax.lax.scan` while a hook is entered: the hook of this context's trace, if any."""
-    hook = _ACTIVE.get()
-    if hook is None:
-        return _SCAN.original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
-                              **kwargs)
-    return hook.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll, **kwargs)
-
-
-class _LayerLoopHook:
-    """While the step is traced: the first `jax.lax.scan` over stacked layers (every `xs` leaf
-    with the same leading length, an array in the carry) becomes a pipelined loop. Scans
-    inside it, and every scan after it, are left alone; scans passed over are recorded with
-    the reason, for the tactic's "no layer loop found". Entering gives the tactic that runs
-    on this trace (`_PipelineRun`), which holds what the trace found."""
+    substitutes = True
 
     def __init__(self, tactic: PipelineParallel, stages: int):
+        super().__init__()
         self.tactic, self.stages = tactic, stages
-        self.run = _PipelineRun(tactic, _LayerLoop())
-        self.inside = False
+        self.run = _PipelineRun(tactic, _LayerLoop(passed_over=self.passed_over))
 
-    def __enter__(self) -> _PipelineRun:
-        _SCAN.__enter__()
-        self.token = _ACTIVE.set(self)
+    def entered(self) -> _PipelineRun:
         return self.run
 
-    def __exit__(self, *exc) -> None:
-        _ACTIVE.reset(self.token)
-        _SCAN.__exit__()
-
-    @staticmethod
-    def why_not(init, xs) -> str | None:
-        """Why a scan is not a loop over stacked layers (None: it is one)."""
-        xs_leaves, carry_leaves = jax.tree.leaves(xs), jax.tree.leaves(init)
-        if not xs_leaves:
-            return "it scans no per-layer inputs (xs)"
-        if any(getattr(x, "ndim", 0) < 1 for x in xs_leaves) or len(
-                {x.shape[0] for x in xs_leaves}) != 1:
-            return "its xs leaves do not share a leading (layer) dimension"
-        if not any(getattr(c, "ndim", 0) >= 1 for c in carry_leaves):
-            return "its carry holds no array with a batch dimension"
-        return None
-
-    def scan(self, f, init, xs=None, length=None, reverse=False, unroll=1, **kwargs):
-        loop, tactic, original = self.run.loop, self.tactic, _SCAN.original
-        if self.inside or loop.found is not None:
-            return original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
-                            **kwargs)
-        why = self.why_not(init, xs)
-        if why is not None:
-            loop.passed_over.append(f"the scan at {_call_site()}: {why}")
-            return original(f, init, xs, length=length, reverse=reverse, unroll=unroll,
-                            **kwargs)
-        site = _call_site()
+    def substitute(self, call: ScanCall, remat: Remat):
+        loop, tactic = self.run.loop, self.tactic
+        f, init, xs, site = call.body, call.init, call.xs, call.site
         layers = jax.tree.leaves(xs)[0].shape[0]
         batch = _batch_size(jax.tree.leaves(init))
         kept = KeptState()
@@ -506,23 +430,19 @@ class _LayerLoopHook:
         loop.found = PipelineShape(self.stages, tactic.microbatches, layers, tactic.repeats)
         loop.batch, loop.site = batch, site
         tactic.last_found = loop.found
-        self.inside = True
         from jax._src import source_info_util
 
         # The pipeline's own ops (shifts, microbatch reads and writes, the masks) are the
         # user's scan call: their locations, hence the collectives' lines and phases in the
         # report, name the model's line rather than this module's.
         at_scan = source_info_util.user_context(source_info_util.current().traceback)
-        try:
-            with at_scan:
-                return pipelined_scan(f, init, xs, stages=self.stages,
-                                      microbatches=tactic.microbatches,
-                                      repeats=tactic.repeats, scan=original,
-                                      layer=layer, reverse=reverse, site=site, kept=kept,
-                                      fill=float("nan") if tactic.poison_bubbles
-                                      else 0.0)
-        finally:
-            self.inside = False
+        with at_scan:
+            return pipelined_scan(f, init, xs, stages=self.stages,
+                                  microbatches=tactic.microbatches,
+                                  repeats=tactic.repeats, scan=original_scan(),
+                                  layer=layer, reverse=call.reverse, site=site, kept=kept,
+                                  fill=float("nan") if tactic.poison_bubbles else 0.0,
+                                  remat=remat)
 
 
 @dataclass
@@ -566,8 +486,8 @@ class PipelineParallel(Tactic):
             raise PartitionError(f"{self.name}: microbatches must be >= 1, got "
                                  f"{self.microbatches}")
 
-    def trace_hook(self, mesh) -> _LayerLoopHook:
-        return _LayerLoopHook(self, Mesh.of(mesh).axis_size(self.axis))
+    def trace_hook(self, mesh) -> _PipelineHook:
+        return _PipelineHook(self, Mesh.of(mesh).axis_size(self.axis))
 
     def apply(self, ctx: TacticContext) -> None:
         """Untraced (a StableHLO file, or a step traced without this tactic's hook): there

@@ -6,8 +6,9 @@
     MQ = multi_query(axis="model")               # needs the model's attention tags
     EP = expert_parallel(rule, axis="expert")    # rule: (path, shape) -> expert dim | None
     PP = pipeline_parallel(axis="stage", microbatches=8)   # the layer loop, GPipe
+    RM = rematerialization(policy="full")   # the layer loop's body, recomputed
 
-Each returns a `ManualPartition`; compose them in a schedule list.
+Each returns a tactic (most a `ManualPartition`); compose them in a schedule list.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from partir_plugin import FIRST_DIVISIBLE_DIM, REPLICATED, ManualPartition, hookimpl
-from partir_plugin.extend import PipelineParallel, Regather
+from partir_plugin.extend import PipelineParallel, Regather, Rematerialization
 
 Selector = Any  # an int dimension, a partir selector constant, or (path, shape) -> dim | None
 
@@ -133,8 +134,21 @@ def pipeline_parallel(axis: str = "stage", microbatches: int = 4, schedule: str 
                             repeats=repeats, poison_bubbles=poison_bubbles, name=name)
 
 
+def rematerialization(policy: str = "full", names: Sequence[str] = (), offload: bool = False,
+                      name: str = "RM") -> Rematerialization:
+    """RM: recompute the layer loop's activations in the backward pass (the body of the
+    `lax.scan` over stacked layers; with PP, each pipeline iteration) under `jax.checkpoint`:
+    `policy` "full" keeps only each layer's input, "dots" also the matmul outputs without
+    batch dimensions, "all_dots" every matmul output, "names" the values the model tags with
+    `jax.ad_checkpoint.checkpoint_name` listed in `names`, "none" everything. `offload=True`
+    keeps what "dots" or "names" saves in host memory (backends with memory kinds; the
+    estimate charges the transfers on a spec with a `host_link`). No model edits."""
+    return Rematerialization(policy=policy, names=tuple(names), offload=offload, name=name)
+
+
 @hookimpl
-def partir_add_tactics() -> dict[str, Callable[..., ManualPartition | PipelineParallel]]:
+def partir_add_tactics() -> dict[str, Callable[..., ManualPartition | PipelineParallel
+                                              | Rematerialization]]:
     return {"BP": batch_parallel, "MP": model_parallel, "Z2": zero2, "Z3": zero3,
             "EMB": embedding, "MQ": multi_query, "ES": edge_sharding,
-            "EP": expert_parallel, "PP": pipeline_parallel}
+            "EP": expert_parallel, "PP": pipeline_parallel, "RM": rematerialization}

@@ -1,0 +1,303 @@
+"""RM: rematerialization of the layer loop (issue 37), without model edits.
+
+While `partir_plugin.jit` traces the step, the layer loop's unit of work (the body of the
+`lax.scan` over stacked layers, or with PP each pipeline iteration's stage body) runs under
+`jax.checkpoint` with one of jax's policies, so the backward pass recomputes what the policy
+does not save. The program that reaches the partitioner already holds the recomputation,
+so every tactic composes with it and the simulator charges it as any other op; plain
+`jax.jit` of the step still runs the model as written.
+
+Offload (`offload=True`) keeps the saved residuals in host memory (`pinned_host`) instead of
+device memory: jax moves them there and back (`device_put` to a memory space, lowered as
+`annotate_device_placement` custom calls on TPU and GPU).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jax
+from jax.extend import core as jex_core
+
+from ..core.actions import TacticContext
+from ..errors import PartitionError
+from .base import Tactic
+from .layer_loop import LayerLoopHook, ScanCall
+
+
+class Policy(enum.Enum):
+    """What the recomputed unit saves for the backward pass (jax's `checkpoint_policies`)."""
+
+    FULL = "full"  # nothing but its inputs (the layer's input): `nothing_saveable`
+    DOTS = "dots"  # matmul outputs without batch dimensions: `dots_with_no_batch_dims_saveable`
+    ALL_DOTS = "all_dots"  # every matmul output, attention's included: `dots_saveable`
+    NAMES = "names"  # the values tagged `checkpoint_name(x, n)` for n in `names`
+    NONE = "none"  # everything (no rematerialization)
+
+
+# The memory kind saved residuals go to with offload=True.
+HOST_MEMORY = "pinned_host"
+
+
+def jax_policy(policy: Policy, names: tuple[str, ...], offload: bool) -> Callable | None:
+    """jax's checkpoint policy for `policy` (None: save nothing, `nothing_saveable`)."""
+    cp = jax.checkpoint_policies
+    if offload:
+        if policy is Policy.DOTS:
+            return cp.offload_dot_with_no_batch_dims("device", HOST_MEMORY)
+        return cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=list(names),
+            offload_src="device", offload_dst=HOST_MEMORY)
+    return {Policy.FULL: cp.nothing_saveable,
+            Policy.DOTS: cp.dots_with_no_batch_dims_saveable,
+            Policy.ALL_DOTS: cp.dots_saveable,
+            Policy.NAMES: cp.save_only_these_names(*names),
+            Policy.NONE: cp.everything_saveable}[policy]
+
+
+@dataclass(frozen=True)
+class RematerializationFigures:
+    """What RM changes in the step, counted on jax's trace of its unit of work (the loop body,
+    or with PP the stage body of one iteration) times the loop's trip count, for the whole
+    batch before partitioning (a device holds its share of it): the residuals the backward
+    pass keeps with and without RM (`jax.ad_checkpoint.saved_residuals`), those RM keeps in
+    host memory, and the FLOPs of the forward work the backward pass does again (the vjp's
+    FLOPs with RM minus without: matmuls 2·M·N·K, other arithmetic one per element)."""
+
+    unit: str
+    trips: int
+    residual_bytes_without: int
+    residual_bytes_with: int
+    offloaded_bytes: int
+    recompute_flops: float
+
+    @property
+    def activation_bytes_saved(self) -> int:
+        """Device memory the backward pass no longer keeps (whole batch)."""
+        return self.residual_bytes_without - self.residual_bytes_with
+
+    def describe(self) -> str:
+        mib = 2**20
+        return (f"saves {self.activation_bytes_saved / mib:.1f} MiB of activations "
+                f"({self.residual_bytes_without / mib:.1f} -> "
+                f"{self.residual_bytes_with / mib:.1f} MiB kept for the backward pass"
+                + (f", {self.offloaded_bytes / mib:.1f} MiB in host memory"
+                   if self.offloaded_bytes else "")
+                + f"), recomputes {self.recompute_flops / 1e9:.3g} GFLOP "
+                f"({self.unit} x {self.trips}; whole batch, before partitioning)")
+
+
+@dataclass
+class _Found:
+    """What one trace found: the layer loop's line, the RM figures, the scans passed over."""
+
+    site: str | None = None
+    figures: RematerializationFigures | None = None
+    passed_over: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rematerialization(Tactic):
+    """RM: recompute the layer loop's activations in the backward pass instead of keeping
+    them (`policy`: "full", "dots", "all_dots", "names" with `names`, or "none"), optionally
+    keeping what is saved in host memory (`offload`, with "dots" or "names").
+
+    The layer loop is the one PP pipelines (a `lax.scan` over stacked layers, as Flax
+    `nn.scan` writes it); with PP in the schedule, each pipeline iteration is recomputed.
+    RM decides no tiling: it changes the traced program, and its report row says what it
+    saves and what it recomputes (`RematerializationFigures`)."""
+
+    policy: str = "full"
+    names: tuple[str, ...] = ()
+    offload: bool = False
+    name: str = "RM"
+    chosen: Policy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        known = [p.value for p in Policy]
+        if self.policy not in known:
+            raise PartitionError(f"{self.name}: unknown policy {self.policy!r} (available: "
+                                 f"{', '.join(map(repr, known))})")
+        self.chosen = Policy(self.policy)
+        self.names = tuple(self.names)
+        if self.chosen is Policy.NAMES and not self.names:
+            raise PartitionError(f"{self.name}: policy 'names' saves the values the model "
+                                 f"tags with jax.ad_checkpoint.checkpoint_name: list them "
+                                 f"in names=(...)")
+        if self.names and self.chosen is not Policy.NAMES:
+            raise PartitionError(f"{self.name}: names={self.names} go with policy='names', "
+                                 f"not {self.policy!r}")
+        if self.offload and self.chosen not in (Policy.DOTS, Policy.NAMES):
+            raise PartitionError(f"{self.name}: offload=True moves the residuals a policy "
+                                 f"saves to host memory: it needs policy 'dots' or 'names' "
+                                 f"(got {self.policy!r}, which saves "
+                                 + ("only the layer inputs, kept by the loop itself)"
+                                    if self.chosen is Policy.FULL else "everything)"))
+
+    def trace_hook(self, mesh) -> _RematHook | None:
+        return None if self.chosen is Policy.NONE else _RematHook(self)
+
+    def apply(self, ctx: TacticContext) -> None:
+        """Untraced (a StableHLO file, or a step traced without this tactic's hook): nothing
+        to rematerialize, unless the policy is "none"."""
+        _RematRun(self, _Found()).apply(ctx)
+
+
+class _RematHook(LayerLoopHook):
+    """While the step is traced: the layer loop's unit of work under `jax.checkpoint`."""
+
+    def __init__(self, tactic: Rematerialization):
+        super().__init__()
+        self.tactic = tactic
+        self.run = _RematRun(tactic, _Found(passed_over=self.passed_over))
+
+    def entered(self) -> _RematRun:
+        return self.run
+
+    def found(self, call: ScanCall) -> None:
+        self.run.found.site = call.site
+        if self.tactic.chosen is Policy.NAMES:
+            _check_names(self.tactic, call)
+
+    def remat(self, fn: Callable, trips: int, unit: str) -> Callable:
+        rm, found = self.tactic, self.run.found
+        policy = jax_policy(rm.chosen, rm.names, rm.offload)
+        # The unit is a loop body: the loop keeps XLA from merging the recomputation with
+        # the forward pass, so no optimization barrier is needed (jax.checkpoint's docs).
+        checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=False)
+
+        def unit_of_work(*args):
+            if found.figures is None:
+                found.figures = _figures(fn, checkpointed, args, trips, unit)
+            return checkpointed(*args)
+
+        return unit_of_work
+
+
+def _check_names(rm: Rematerialization, call: ScanCall) -> None:
+    """Every name RM saves is tagged in the layer body (`checkpoint_name`): a name that
+    matches nothing would silently recompute everything."""
+    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), call.xs)
+    jaxpr = jax.make_jaxpr(lambda c, x: call.body(c, x))(call.init, layer).jaxpr
+    tagged = sorted(_names_in(jaxpr))
+    missing = [n for n in rm.names if n not in tagged]
+    if missing:
+        raise PartitionError(
+            f"{rm.name}: names {missing} are not tagged in the layer body of the scan at "
+            f"{call.site} (tag a value with jax.ad_checkpoint.checkpoint_name(x, name); "
+            f"tagged there: {tagged or 'none'})")
+
+
+def _names_in(jaxpr) -> set[str]:
+    found = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "name":
+            found.add(eqn.params["name"])
+        for sub in jex_core.jaxprs_in_params(eqn.params):
+            found |= _names_in(sub)
+    return found
+
+
+# Ops that move or view data without arithmetic (not counted as FLOPs).
+_DATA_MOVEMENT = frozenset({
+    "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
+    "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "copy", "copy_p",
+    "convert_element_type", "gather", "scatter", "select_n", "iota", "rev", "device_put",
+    "name", "optimization_barrier", "stop_gradient", "broadcast"})
+
+
+def _jaxpr_flops(jaxpr) -> float:
+    """FLOPs of a jaxpr: a matmul 2·M·N·K, other arithmetic one per output element, a scan's
+    body times its length, a cond's costliest branch."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        subs = list(jex_core.jaxprs_in_params(eqn.params))
+        if subs:
+            inner = [_jaxpr_flops(s) for s in subs]
+            if eqn.primitive.name == "cond":
+                total += max(inner)
+            else:
+                total += eqn.params.get("length", 1) * sum(inner) if (
+                    eqn.primitive.name == "scan") else sum(inner)
+            continue
+        name = eqn.primitive.name
+        out = [math.prod(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape")]
+        if name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2.0 * out[0] * math.prod(lhs[d] for d in contract)
+        elif name not in _DATA_MOVEMENT:
+            total += sum(out)
+    return total
+
+
+def _residual_bytes(fn: Callable, specs) -> tuple[int, int]:
+    """Bytes of the residuals the vjp of `fn` keeps: (in device memory, in host memory)."""
+    from jax._src.ad_checkpoint import saved_residuals  # jax prints it only (print_saved_residuals)
+
+    device = host = 0
+    for aval, _ in saved_residuals(fn, *specs):
+        nbytes = math.prod(aval.shape) * aval.dtype.itemsize
+        if str(getattr(aval, "memory_space", "")).lower().endswith("host"):
+            host += nbytes
+        else:
+            device += nbytes
+    return device, host
+
+
+def _vjp_flops(fn: Callable, specs) -> float:
+    """FLOPs of `fn`'s forward and backward pass (its vjp applied to ones)."""
+
+    def forward_backward(*args):
+        out, pullback = jax.vjp(fn, *args)
+        return pullback(jax.tree.map(lambda o: jax.numpy.ones(o.shape, o.dtype), out))
+
+    return _jaxpr_flops(jax.make_jaxpr(forward_backward)(*specs).jaxpr)
+
+
+def _figures(fn: Callable, checkpointed: Callable, args: tuple, trips: int,
+             unit: str) -> RematerializationFigures:
+    specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    without, _ = _residual_bytes(fn, specs)
+    with_rm, offloaded = _residual_bytes(checkpointed, specs)
+    recompute = _vjp_flops(checkpointed, specs) - _vjp_flops(fn, specs)
+    return RematerializationFigures(unit, trips, without * trips, with_rm * trips,
+                                    offloaded * trips, max(recompute, 0.0) * trips)
+
+
+@dataclass(frozen=True, eq=False)
+class _RematRun(Tactic):
+    """RM on one trace: the tactic's options with what that trace found (`_Found`)."""
+
+    tactic: Rematerialization
+    found: _Found
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.tactic.name
+
+    def apply(self, ctx: TacticContext) -> None:
+        rm, found = self.tactic, self.found
+        if rm.chosen is Policy.NONE:
+            ctx.state.notes.append(f"{rm.name}: policy 'none': nothing rematerialized")
+            return
+        if found.site is None:
+            raise PartitionError(
+                f"{rm.name}: no layer loop found: RM rematerializes the body of a "
+                f"`jax.lax.scan` over stacked layers (parameters with a leading [L] "
+                f"dimension passed as the scan's xs, a batch-major carry), as Flax nn.scan, "
+                f"nnx.scan or a plain lax.scan write it; the traced step has none"
+                + ("" if not found.passed_over else " (passed over: "
+                   + "; ".join(found.passed_over) + ")"))
+        ctx.rematerialization = found.figures
+        ctx.state.notes.append(self.describe())
+
+    def describe(self) -> str:
+        rm, found = self.tactic, self.found
+        what = f"policy {rm.policy!r}" + (f" names {list(rm.names)}" if rm.names else "")
+        return (f"{rm.name}: the layer loop at {found.site} rematerialized ({what}"
+                + (", residuals offloaded to host memory" if rm.offload else "") + ")"
+                + (f": {found.figures.describe()}" if found.figures else ""))

@@ -1,0 +1,237 @@
+"""RM, the rematerialization tactic (issue 37): the layer loop's body recomputed in the
+backward pass, with no edit to the model.
+
+Every partitioned step is compared with the unpartitioned `jax.jit` of the same step (its
+loss and every gradient leaf: the steps return them); memory with XLA's own analysis of the
+compiled partitioned step (`temp_size_in_bytes`, where activations kept for the backward
+pass live). Models are small (a few layers, d 32) so each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+from oracle import assert_matches_jax_jit
+
+import partir_plugin as partir
+from partir_plugin.errors import PartitionError
+
+LAYERS, B, T, D, F, VOCAB = 4, 16, 16, 32, 64, 32
+
+
+def BP():
+    return partir.tactic("BP", axis="batch")
+
+
+def RM(policy: str = "full", **kwargs):
+    return partir.tactic("RM", policy=policy, **kwargs)
+
+
+def PP(microbatches: int = 4):
+    return partir.tactic("PP", axis="stage", microbatches=microbatches)
+
+
+# -- a plain-JAX scanned residual MLP, no remat in its code ---------------------------------
+
+def _mlp_params(layers=LAYERS, d=D, f=F):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    return {"w1": jax.random.normal(k1, (layers, d, f)) / np.sqrt(d),
+            "w2": jax.random.normal(k2, (layers, f, d)) / np.sqrt(f)}
+
+
+def _mlp_batch(b=B):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    return {"x": jax.random.normal(k1, (b, T, D)), "y": jax.random.normal(k2, (b, T, D))}
+
+
+def mlp_step(params, batch):
+    """Loss and gradients of a residual MLP whose layers run under `lax.scan`; the hidden
+    activation is tagged "hidden" (for policy "names"), which changes nothing else."""
+
+    def loss(params):
+        def layer(h, p):
+            hidden = checkpoint_name(jnp.tanh(h @ p["w1"]), "hidden")
+            return h + jnp.tanh(hidden @ p["w2"]), None
+
+        h, _ = jax.lax.scan(layer, batch["x"], params)
+        return jnp.mean((h - batch["y"]) ** 2)
+
+    return jax.value_and_grad(loss)(params)
+
+
+def _temp_bytes(fn, args) -> int:
+    return fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def _run(step, args, mesh, schedule, what):
+    """partir.jit's numbers are jax.jit's; returns (XLA's temporaries, the report rows)."""
+    matched = assert_matches_jax_jit(step, args, mesh, schedule, what=what)
+    return _temp_bytes(matched.step, args), matched.meta.tactics
+
+
+_MLP_SCHEDULES = {"BP": lambda: [BP()], "BP,RM": lambda: [BP(), RM("full")],
+                  "RM,BP": lambda: [RM("full"), BP()], "BP,RM(dots)": lambda: [BP(), RM("dots")],
+                  "BP,RM(names)": lambda: [BP(), RM("names", names=["hidden"])],
+                  "BP,RM(none)": lambda: [BP(), RM("none")]}
+
+
+@functools.cache
+def _mlp(schedule: str):
+    """The MLP step under `schedule` on {batch: 4}, checked against jax.jit (once per module:
+    several tests read the same compiled step)."""
+    return _run(mlp_step, (_mlp_params(), _mlp_batch()), {"batch": 4},
+                _MLP_SCHEDULES[schedule](), f"MLP [{schedule}]")
+
+
+def test_rm_full_gives_jax_jit_numbers_and_halves_temporaries_dots_in_between():
+    (bp, _), (full, rows), (dots, dots_rows) = map(_mlp, ("BP", "BP,RM", "BP,RM(dots)"))
+    assert full <= bp / 2, f"RM('full') temporaries {full} B, [BP]'s {bp} B: not halved"
+    assert full < dots < bp, f"RM('dots') {dots} B not between full {full} B and [BP] {bp} B"
+    figures = rows[-1].rematerialization
+    assert rows[-1].name == "RM" and figures is not None, rows[-1]
+    assert figures.activation_bytes_saved > 0 and figures.recompute_flops > 0, figures
+    assert figures.trips == LAYERS and figures.unit == "layer body", figures
+    dots_figures = dots_rows[-1].rematerialization
+    assert 0 < dots_figures.recompute_flops < figures.recompute_flops, (dots_figures, figures)
+    assert 0 < dots_figures.activation_bytes_saved < figures.activation_bytes_saved
+    assert any("rematerialized (policy 'full')" in n and "GFLOP" in n
+               for n in rows[-1].notes), rows[-1].notes
+
+
+def test_rm_anywhere_in_the_schedule_gives_the_same_program():
+    """RM decides no tiling (it acts while the step is traced): before or after BP, the
+    partitioned step computes jax.jit's numbers with the same temporaries."""
+    (after, _), (before, rows) = _mlp("BP,RM"), _mlp("RM,BP")
+    assert before == after
+    assert [r.name for r in rows] == ["RM", "BP"]
+
+
+def test_rm_names_saves_the_tagged_values():
+    (full, _), (names, rows) = _mlp("BP,RM"), _mlp("BP,RM(names)")
+    assert names > full, f"saving 'hidden' ({names} B) keeps no more than full remat ({full} B)"
+    assert rows[-1].rematerialization.recompute_flops > 0
+
+
+def test_pp_bp_rm_gives_jax_jit_numbers_recomputing_each_pipeline_iteration():
+    args = (_mlp_params(), _mlp_batch())
+    _, rows = _run(mlp_step, args, {"stage": 2, "batch": 2}, [PP(4), BP(), RM("full")],
+                   "MLP [PP(4), BP, RM(full)]")
+    figures = rows[-1].rematerialization
+    assert figures.unit.startswith("stage body (2 stages x 2 layers"), figures
+    assert figures.trips == 4 + 2 - 1, figures  # M + S - 1 iterations
+
+
+# -- the Flax nn.scan LM recipe (as tests/test_pp_recipes.py), no nn.remat -----------------
+
+class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        h = nn.LayerNorm(name="ln1")(x)
+        h = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=D, name="attn")(
+            h, h, mask=nn.make_causal_mask(jnp.ones(x.shape[:2])))
+        x = x + h
+        h = nn.Dense(F, name="up")(nn.LayerNorm(name="ln2")(x))
+        return x + nn.Dense(D, name="down")(nn.gelu(h)), None
+
+
+class Decoder(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(VOCAB, D, name="embed")(tokens)
+        blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                         in_axes=nn.broadcast, length=LAYERS)(name="blocks")
+        x, _ = blocks(x, None)
+        return nn.Dense(VOCAB, name="head")(nn.LayerNorm(name="ln_f")(x))
+
+
+def _lm():
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (B, T), 0, VOCAB)
+    params = Decoder().init(jax.random.PRNGKey(0), tokens)["params"]
+
+    def step(params, tokens):
+        def loss(params):
+            logits = Decoder().apply({"params": params}, tokens)
+            return optax.softmax_cross_entropy_with_integer_labels(
+                logits[:, :-1], tokens[:, 1:]).mean()
+
+        return jax.value_and_grad(loss)(params)
+
+    return step, (params, tokens)
+
+
+def _tokens_bp():
+    return partir.tactic("BP", axis="batch", inputs=("tokens",))
+
+
+def test_flax_nn_scan_lm_under_bp_rm():
+    step, args = _lm()
+    bp = _temp_bytes(partir.jit(step, {"batch": 4}, [_tokens_bp()])[0], args)
+    full, _ = _run(step, args, {"batch": 4}, [_tokens_bp(), RM("full")],
+                   "nn.scan LM [BP, RM]")
+    assert full <= bp / 2, f"RM('full') temporaries {full} B, [BP]'s {bp} B: not halved"
+
+
+@pytest.mark.slow  # compiles a pipelined LM step; [PP, BP, RM] is also checked on the MLP
+def test_flax_nn_scan_lm_under_pp_bp_rm():
+    step, args = _lm()
+    _run(step, args, {"stage": 2, "batch": 2}, [PP(4), _tokens_bp(), RM("full")],
+         "nn.scan LM [PP(4), BP, RM]")
+
+
+# -- estimates --------------------------------------------------------------------------------
+
+def test_estimated_runtime_rises_with_recomputation():
+    """On a compute-bound layer (d 4096, f 16384) the simulator charges the recomputed
+    matmuls: the estimate with RM('full') is slower and does more FLOPs. Traced abstractly
+    (no arrays, nothing run)."""
+    S = jax.ShapeDtypeStruct
+    params = {"w1": S((2, 4096, 16384), jnp.float32), "w2": S((2, 16384, 4096), jnp.float32)}
+    batch = {"x": S((8, 128, 4096), jnp.float32), "y": S((8, 128, 4096), jnp.float32)}
+    rows = {}
+    for name, schedule in (("BP", [BP()]), ("RM", [BP(), RM("full")])):
+        step, meta = partir.jit(mlp_step, {"batch": 4}, schedule, hardware="h100")
+        step.lower(params, batch)
+        rows[name] = meta.tactics[-1]
+    assert rows["RM"].estimated_flops > 1.2 * rows["BP"].estimated_flops
+    assert rows["RM"].estimated_runtime_s > rows["BP"].estimated_runtime_s
+    assert rows["RM"].estimated_peak_memory_bytes < rows["BP"].estimated_peak_memory_bytes
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+def test_unknown_policy_and_misused_options_are_refused():
+    with pytest.raises(PartitionError, match=r"unknown policy 'everything'.*'full', 'dots'"):
+        RM("everything")
+    with pytest.raises(PartitionError, match="list them in names"):
+        RM("names")
+    with pytest.raises(PartitionError, match="go with policy='names'"):
+        RM("full", names=["hidden"])
+    with pytest.raises(PartitionError, match="needs policy 'dots' or 'names'"):
+        RM("full", offload=True)
+
+
+def test_names_that_tag_nothing_are_refused():
+    step, _ = partir.jit(mlp_step, {"batch": 4}, [BP(), RM("names", names=["hiden"])])
+    with pytest.raises(PartitionError, match=r"names \['hiden'\] are not tagged.*hidden"):
+        step(_mlp_params(), _mlp_batch())
+
+
+def test_no_layer_loop_is_refused():
+    def step(w, batch):
+        return jax.grad(lambda w: jnp.sum(jnp.tanh(batch["x"] @ w)))(w)
+
+    fn, _ = partir.jit(step, {"batch": 4}, [BP(), RM()])
+    with pytest.raises(PartitionError, match="RM: no layer loop found"):
+        fn(jnp.ones((D, D)), _mlp_batch())
+
+
+def test_policy_none_changes_nothing():
+    (bp, _), (none, rows) = _mlp("BP"), _mlp("BP,RM(none)")
+    assert none == bp and rows[-1].rematerialization is None
