@@ -1,0 +1,334 @@
+"""`partir.plan`: the fastest schedules that fit, for a step, a device count and a cluster.
+
+The search: every split of N devices over stage x data x expert x model the step and the
+cluster allow (`space.layouts`), each with its microbatch counts, pipeline schedules, ZeRO
+stages and RM policies (`space.candidates`); candidates whose memory lower bound exceeds the
+limit are pruned before anything is partitioned (`bounds.Bounds.memory`); the rest are
+partitioned and simulated (`estimate.Estimator`, which shares a trace among candidates whose
+schedules trace alike) in order of a rough time (`bounds.Bounds.time`) until the time budget
+is spent. Plans that fit in their own estimate come back sorted by estimated step time.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.mesh import Mesh
+from ..errors import PartitionError
+from ..estimate import Estimate, Estimator
+from ..options import PartitionOptions
+from .bounds import Bounds, Sizes
+from .space import (
+    MODEL,
+    Candidate,
+    Roles,
+    Rule,
+    SpaceLimits,
+    candidates,
+    divisors,
+    layouts,
+)
+
+# The share of `seconds` one AutomaticPartition search of the model axis may take (it runs
+# once per model-axis size; its decisions are frozen and replayed on the other candidates).
+AUTO_SHARE = 0.1
+# The most devices a model axis searched by AutomaticPartition spans on a cluster that does
+# not say its node size (Megatron's rule: tensor parallelism within an 8-GPU node).
+AUTO_MODEL_MAX = 8
+
+
+class PlanError(PartitionError):
+    """No configuration fits, or none could be estimated in the time given."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One configuration: run it with `partir.jit(fn, plan.mesh, plan.schedule)`.
+
+    `mesh` is axis sizes, major to minor; `schedule` ordinary tactics; `estimate` the
+    simulated step (`partir.estimate`'s); `why` one line saying what the plan does and the
+    figures it was chosen on; `label` the schedule in a few words."""
+
+    mesh: dict[str, int]
+    schedule: list
+    estimate: Estimate
+    why: str
+    label: str
+
+
+@dataclass
+class SearchStats:
+    """What a search did: configurations considered, pruned by the memory bound, estimated,
+    over the limit in their estimate, failed to partition (with the reasons), traces made."""
+
+    considered: int = 0
+    pruned: int = 0
+    estimated: int = 0
+    over_limit: int = 0
+    failed: list[str] = field(default_factory=list)
+    traces: int = 0
+    seconds: float = 0.0
+    timed_out: bool = False
+
+    def summary(self) -> str:
+        return (f"{self.considered} configurations, {self.pruned} pruned by memory bounds, "
+                f"{self.estimated} estimated ({self.over_limit} over the limit, "
+                f"{len(self.failed)} failed), {self.traces} traces, {self.seconds:.1f} s"
+                + (" (time budget spent)" if self.timed_out else ""))
+
+
+class Plans(list):
+    """The plans, fastest first (a list of `Plan`), with `stats`, what the search did."""
+
+    def __init__(self, plans: Sequence[Plan], stats: SearchStats) -> None:
+        super().__init__(plans)
+        self.stats = stats
+
+
+def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None,
+         seconds: float = 60.0, model_rule: Rule | None = None,
+         expert_rule: Rule | None = None, batch: str = "batch", params: str = "params",
+         opt_state: str = "opt_state", progress: bool | None = None,
+         **options: Any) -> Plans:
+    """Plans for `fn(*args)` on `devices` devices of `hardware`, fastest first.
+
+    `args` are arrays or `jax.ShapeDtypeStruct` pytrees; the step's arguments named `batch`,
+    `params` and `opt_state` are the batch (split by BP and PP), the parameters (by MP, EP,
+    PP, Z3) and the optimizer state (by ZeRO). `memory_limit`: bytes per device (None: the
+    spec's memory). `model_rule`: a Megatron-style rule `(path, shape) -> dim | None` for the
+    model axis; None: AutomaticPartition searches that axis (once per axis size, frozen).
+    `expert_rule` (for EP) offers an expert axis. `seconds` bounds the search (a progress
+    bar on stderr when it is a terminal, or with `progress=True`). `options` are
+    `partir.estimate`'s. Raises `PlanError` when nothing fits, saying the closest.
+    """
+    start = time.perf_counter()
+    if not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"plan: devices must be a positive int, got {devices!r}")
+    options.setdefault("scatter_sums", True)
+    est = Estimator(fn, args, hardware, PartitionOptions(hardware=hardware, **options))
+    hw = est.hardware
+    limit = int(memory_limit if memory_limit is not None else hw.memory_bytes)
+    one = Mesh.of({"data": 1})
+    replicated = est.estimate(one, [])
+    traced, _ = est.traced(one, [])
+    roles = Roles.of(traced.arg_names, batch, params, opt_state)
+    batch_size = max(lf.shape[0] for lf in traced.leaves if lf.arg == roles.batch and lf.shape)
+    layers = _layer_loop(est)
+    leaves = tuple((lf, lf.value.type.nbytes) for lf in traced.leaves)
+    sizes = Sizes(leaves, tuple((tuple(a.shape), a.size * a.dtype.itemsize)
+                                for a in traced.out_avals),
+                  replicated.flops, replicated.simulation.temp_peak_bytes,
+                  _matmul_element(traced))
+    node = getattr(hw, "devices_per_node", None)
+    limits = SpaceLimits(
+        batch=batch_size, layers=layers,
+        model_sizes=_rule_sizes(model_rule, traced.leaves, roles, devices, node),
+        expert_sizes=(None if expert_rule is None or roles.params is None else
+                      _rule_sizes(expert_rule, traced.leaves, roles, devices, None)),
+        zero=roles.params is not None and roles.opt_state is not None,
+        devices_per_node=node, remat_policies=_remat_policies())
+    bounds = Bounds(sizes, roles, layers, model_rule, expert_rule, hw)
+    stats = SearchStats()
+    fitting, closest = [], None
+    for layout in layouts(devices, limits):
+        plain = bounds.memory(Candidate(layout))
+        for c in candidates(layout, limits, accumulate=plain > limit):
+            stats.considered += 1
+            need = bounds.memory(c)
+            if need <= limit:
+                fitting.append(c)
+            else:
+                stats.pruned += 1
+                if closest is None or need < closest[0]:
+                    closest = (need, c)
+    if not fitting:
+        raise PlanError(_nothing_fits(devices, limit, hw.name, closest, stats))
+    fitting.sort(key=bounds.time)
+    search = _Search(est, roles, model_rule, expert_rule, limit, start + seconds, seconds,
+                     stats, node)
+    plans = search.run(fitting, progress)
+    stats.traces, stats.seconds = est.traces_made, time.perf_counter() - start
+    if not plans:
+        raise PlanError(_none_estimated(devices, limit, hw.name, search, stats))
+    plans.sort(key=lambda p: p.estimate.step_time_s)
+    best = plans[0].estimate.step_time_s
+    return Plans([_with_rank(p, best) for p in plans], stats)
+
+
+@dataclass
+class _Search:
+    """The estimating loop over the candidates that passed the bounds, best guess first."""
+
+    est: Estimator
+    roles: Roles
+    model_rule: Rule | None
+    expert_rule: Rule | None
+    limit: int
+    deadline: float
+    seconds: float
+    stats: SearchStats
+    node: int | None
+    frozen: dict[int, Any] = field(default_factory=dict)  # model size -> frozen search
+    closest: tuple[int, Candidate] | None = None
+
+    def run(self, order: list[Candidate], progress: bool | None) -> list[Plan]:
+        from tqdm.auto import tqdm
+
+        show = sys.stderr.isatty() if progress is None else progress
+        plans: list[Plan] = []
+        with tqdm(total=len(order), desc="partir.plan", disable=not show, leave=False,
+                  unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
+            for c in order:
+                if time.perf_counter() >= self.deadline:
+                    self.stats.timed_out = True
+                    break
+                found = self.one(c)
+                if found is not None:
+                    plans.append(found)
+                bar.update(1)
+                bar.set_postfix(fit=len(plans))
+        return plans
+
+    def model_tactic(self, size: int) -> tuple[Any, bool]:
+        """The model axis's tactic, and whether it is a fresh search to freeze."""
+        if self.model_rule is not None:
+            from ..tactics import tactic
+
+            return tactic("MP", self.model_rule, axis=MODEL, params=self.roles.params), False
+        if size in self.frozen:
+            return self.frozen[size], False
+        from ..tactics.automatic import AutomaticPartition
+
+        return AutomaticPartition([MODEL], seconds=max(1.0, AUTO_SHARE * self.seconds),
+                                  options={"progress": False}), True
+
+    def one(self, c: Candidate) -> Plan | None:
+        model, fresh = self.model_tactic(c.layout.model) if c.layout.model > 1 else (None,
+                                                                                     False)
+        schedule = c.schedule(self.roles, model, self.expert_rule)
+        try:
+            e = self.est.estimate(c.mesh, schedule)
+        except PartitionError as err:
+            self.stats.failed.append(f"{c.label()}: {err}")
+            return None
+        self.stats.estimated += 1
+        if fresh:
+            found = next((row.search for row in e.tactics if row.search is not None), None)
+            if found is not None:
+                frozen = self.frozen[c.layout.model] = found.as_tactic()
+                schedule = [frozen if t is model else t for t in schedule]
+        if e.peak_memory_bytes > self.limit:
+            self.stats.over_limit += 1
+            if self.closest is None or e.peak_memory_bytes < self.closest[0]:
+                self.closest = (e.peak_memory_bytes, c)
+            return None
+        return Plan(c.mesh, schedule, e, _why(c, e, self.limit, self.node), c.label())
+
+
+def _why(c: Candidate, e: Estimate, limit: int, node: int | None) -> str:
+    from ..report.text import fmt_bytes, fmt_time
+
+    lay, parts = c.layout, []
+    if lay.model > 1:
+        parts.append(f"model axis of {lay.model}"
+                     + (f" within a node of {node}" if node else ""))
+    if lay.stage > 1:
+        parts.append(f"{lay.stage} stages, {c.microbatches} microbatches: bubble "
+                     f"{c.bubble:.0%}")
+    elif c.microbatches > 1:
+        parts.append(f"{c.microbatches} accumulation steps")
+    if c.zero:
+        what = "optimizer state" if c.zero == 2 else "params and optimizer state"
+        parts.append(f"{what} sharded {lay.data} ways")
+    if c.remat:
+        parts.append(f"recomputes activations ({c.remat})")
+    parts.append(f"est. {fmt_time(e.step_time_s)}/step (compute {fmt_time(e.compute_s)}, "
+                 f"communication {fmt_time(e.communication_s)}), peak "
+                 f"{fmt_bytes(e.peak_memory_bytes)} of {fmt_bytes(limit)}")
+    return "; ".join(parts)
+
+
+def _with_rank(p: Plan, best: float) -> Plan:
+    from dataclasses import replace
+
+    ratio = p.estimate.step_time_s / best if best else 1.0
+    return replace(p, why=p.why + ("" if ratio == 1.0 else f"; {ratio:.2f}x the best"))
+
+
+def _nothing_fits(devices: int, limit: int, hw: str, closest, stats: SearchStats) -> str:
+    from ..report.text import fmt_bytes
+
+    text = (f"plan: no configuration of {devices} devices fits {fmt_bytes(limit)} per device "
+            f"on {hw}: all {stats.considered} need more by their lower bound")
+    if closest is not None:
+        text += f"; the smallest, {closest[1].label()}, needs {fmt_bytes(closest[0])}"
+    return text
+
+
+def _none_estimated(devices: int, limit: int, hw: str, search: _Search,
+                    stats: SearchStats) -> str:
+    from ..report.text import fmt_bytes
+
+    text = f"plan: no plan for {devices} devices on {hw} within {fmt_bytes(limit)}: "
+    text += stats.summary()
+    if search.closest is not None:
+        text += (f"; the smallest estimate, {search.closest[1].label()}, needs "
+                 f"{fmt_bytes(search.closest[0])}")
+    if stats.failed:
+        text += f"; first failure: {stats.failed[0]}"
+    if stats.timed_out:
+        text += f"; give more than seconds={search.seconds:g}"
+    return text
+
+
+def _layer_loop(est: Estimator) -> int | None:
+    """The stacked layers of the step's layer loop (what PP pipelines), or None."""
+    from ..tactics import tactic
+
+    pp = tactic("PP", axis="stage", microbatches=1)
+    try:
+        est.traced(Mesh.of({"stage": 1}), [pp])
+    except PartitionError:
+        return None
+    return None if pp.last_found is None else pp.last_found.layers
+
+
+def _rule_sizes(rule: Rule | None, leaves, roles: Roles, devices: int,
+                node: int | None) -> tuple[int, ...] | None:
+    """The axis sizes `rule` splits every leaf it names evenly by (1 always; None: no rule,
+    any size up to a node, or `AUTO_MODEL_MAX`)."""
+    if roles.params is None:
+        return (1,)
+    if rule is None:
+        cap = node or AUTO_MODEL_MAX
+        return tuple(d for d in divisors(devices) if d <= cap)
+    dims = []
+    for lf in leaves:
+        if lf.arg != roles.params:
+            continue
+        dim = rule(lf.path, lf.shape)
+        if isinstance(dim, int):
+            dims.append(lf.shape[dim])
+    return tuple(d for d in divisors(devices) if d == 1 or (dims and all(x % d == 0
+                                                                        for x in dims)))
+
+
+def _remat_policies() -> tuple[str, ...]:
+    """RM's policies, where a plugin offers the RM preset."""
+    from ..plugin.manager import tactic_factories
+
+    return ("dots", "full") if "RM" in tactic_factories() else ()
+
+
+def _matmul_element(traced) -> str:
+    """The element type of the step's first matmul (its flops' rate), f32 when it has none."""
+    from ..ir.graph import walk
+
+    for op in walk(traced.func.ops):
+        if op.name in ("stablehlo.dot_general", "stablehlo.convolution"):
+            return op.operands[0].type.element
+    return "f32"
