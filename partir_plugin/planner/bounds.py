@@ -18,15 +18,15 @@ REMAT_COMPUTE = {"full": 4 / 3, "dots": 1.15}
 
 @dataclass(frozen=True)
 class Sizes:
-    """What the bounds read of the step: each argument leaf's bytes and which mesh axes may
-    divide it (`roles`), the outputs' bytes, and the replicated step's simulated flops and
-    temporaries (its activations, an upper figure)."""
+    """What the bounds read of the step: each argument leaf's bytes, the outputs' bytes, and
+    the replicated step's simulated compute time, kernels and temporaries (its activations,
+    an upper figure)."""
 
     leaves: tuple[tuple[Leaf, int], ...]
     output_bytes: tuple[tuple[tuple[int, ...], int], ...]  # (shape, bytes) per output leaf
-    flops: float
+    compute_s: float  # the replicated step's simulated compute time
+    kernels: int  # and its kernel count
     temp_bytes: int
-    matmul_element: str
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ class Bounds:
     def memory(self, c: Candidate) -> int:
         """Arguments + outputs (an output shaped like an argument laid out like it, others
         spread over every device) + activations (the replicated step's temporaries spread
-        over every device, or over every device and microbatch with gradient accumulation;
-        none with RM)."""
+        over every device; none with RM). Microbatches do not divide the activations: the
+        pipelined loop keeps every microbatch's until the backward pass (GPipe), as gradient
+        accumulation through PP on a stage axis of one does."""
         by_shape: dict[tuple[int, ...], int] = {}
         args = 0
         for leaf, nbytes in self.sizes.leaves:
@@ -84,26 +85,28 @@ class Bounds:
             by_shape[leaf.shape] = min(tile, by_shape.get(leaf.shape, tile))
         n = c.layout.devices
         outs = sum(by_shape.get(shape, nbytes // n) for shape, nbytes in self.sizes.output_bytes)
-        temps = 0 if c.remat else self.sizes.temp_bytes // (
-            n * (c.microbatches if c.layout.stage == 1 else 1))
+        temps = 0 if c.remat else self.sizes.temp_bytes // n
         return args + outs + temps
 
     def time(self, c: Candidate) -> float:
-        """A rough step time: the step's flops spread over the devices at the matrix rate,
-        stretched by the bubble and RM, plus ring traffic of gradients over `data` and of
+        """A rough step time: the replicated step's compute spread over the devices,
+        stretched by the bubble and RM, its kernel launches repeated per pipeline iteration
+        (M+S-1 iterations of L/S layers), plus ring traffic of gradients over `data` and of
         activations over `model`. Orders simulations only."""
-        hw, lay = self.hardware, c.layout
-        compute = self.sizes.flops / lay.devices / (
-            hw.matrix_flops_for(self.sizes.matmul_element) * hw.matrix_efficiency)
-        compute *= REMAT_COMPUTE.get(c.remat or "", 1.0) / (1 - c.bubble)
-        params = sum(b for leaf, b in self.sizes.leaves if leaf.arg == self.roles.params)
+        hw, lay, sizes = self.hardware, c.layout, self.sizes
+        overhead = sizes.kernels * hw.kernel_overhead_s
+        work = max(sizes.compute_s - overhead, 0.0) / lay.devices
+        compute = work * REMAT_COMPUTE.get(c.remat or "", 1.0) / (1 - c.bubble)
+        iterations = (c.microbatches * c.repeats + lay.stage - 1) / lay.stage
+        compute += overhead * max(iterations, 1.0)
+        params = sum(b for leaf, b in sizes.leaves if leaf.arg == self.roles.params)
         comm = 0.0
         if lay.data > 1:
             grads = params / (lay.model * lay.stage * lay.expert)
             factor = {0: 2.0, 2: 2.0, 3: 3.0}[c.zero]
             comm += factor * (lay.data - 1) / lay.data * grads / _bandwidth(hw, DATA)
         if lay.model > 1:
-            activations = self.sizes.temp_bytes / (lay.data * lay.stage * lay.expert)
+            activations = sizes.temp_bytes / (lay.data * lay.stage * lay.expert)
             comm += 2 * (lay.model - 1) / lay.model * activations / _bandwidth(hw, MODEL)
         return compute + comm
 

@@ -19,12 +19,13 @@ from typing import Any
 
 from ..core.mesh import Mesh
 from ..errors import PartitionError
-from ..estimate import Estimate, Estimator
+from ..estimation import Estimate, Estimator
 from ..options import PartitionOptions
 from .bounds import Bounds, Sizes
 from .space import (
     MODEL,
     Candidate,
+    PlanError,
     Roles,
     Rule,
     SpaceLimits,
@@ -39,10 +40,6 @@ AUTO_SHARE = 0.1
 # The most devices a model axis searched by AutomaticPartition spans on a cluster that does
 # not say its node size (Megatron's rule: tensor parallelism within an 8-GPU node).
 AUTO_MODEL_MAX = 8
-
-
-class PlanError(PartitionError):
-    """No configuration fits, or none could be estimated in the time given."""
 
 
 @dataclass(frozen=True)
@@ -101,15 +98,16 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
     PP, Z3) and the optimizer state (by ZeRO). `memory_limit`: bytes per device (None: the
     spec's memory). `model_rule`: a Megatron-style rule `(path, shape) -> dim | None` for the
     model axis; None: AutomaticPartition searches that axis (once per axis size, frozen).
-    `expert_rule` (for EP) offers an expert axis. `seconds` bounds the search (a progress
-    bar on stderr when it is a terminal, or with `progress=True`). `options` are
+    `expert_rule` (for EP) offers an expert axis. `seconds` bounds the search, tracing
+    included (one estimate is made whatever it says; the last may end past it); a progress
+    bar on stderr when it is a terminal, or with `progress=True`. `options` are
     `partir.estimate`'s. Raises `PlanError` when nothing fits, saying the closest.
     """
     start = time.perf_counter()
     if not isinstance(devices, int) or devices < 1:
         raise PlanError(f"plan: devices must be a positive int, got {devices!r}")
     options.setdefault("scatter_sums", True)
-    est = Estimator(fn, args, hardware, PartitionOptions(hardware=hardware, **options))
+    est = Estimator(fn, args, hardware, PartitionOptions(**options))
     hw = est.hardware
     limit = int(memory_limit if memory_limit is not None else hw.memory_bytes)
     one = Mesh.of({"data": 1})
@@ -121,8 +119,8 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
     leaves = tuple((lf, lf.value.type.nbytes) for lf in traced.leaves)
     sizes = Sizes(leaves, tuple((tuple(a.shape), a.size * a.dtype.itemsize)
                                 for a in traced.out_avals),
-                  replicated.flops, replicated.simulation.temp_peak_bytes,
-                  _matmul_element(traced))
+                  replicated.compute_s, replicated.simulation.kernels,
+                  replicated.simulation.temp_peak_bytes)
     node = getattr(hw, "devices_per_node", None)
     limits = SpaceLimits(
         batch=batch_size, layers=layers,
@@ -147,7 +145,7 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
                     closest = (need, c)
     if not fitting:
         raise PlanError(_nothing_fits(devices, limit, hw.name, closest, stats))
-    fitting.sort(key=bounds.time)
+    fitting = _layouts_first(fitting, bounds)
     search = _Search(est, roles, model_rule, expert_rule, limit, start + seconds, seconds,
                      stats, node)
     plans = search.run(fitting, progress)
@@ -183,7 +181,8 @@ class _Search:
         with tqdm(total=len(order), desc="partir.plan", disable=not show, leave=False,
                   unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
             for c in order:
-                if time.perf_counter() >= self.deadline:
+                # At least one estimate, even where tracing the step took the whole budget.
+                if time.perf_counter() >= self.deadline and self.stats.estimated:
                     self.stats.timed_out = True
                     break
                 found = self.one(c)
@@ -324,11 +323,12 @@ def _remat_policies() -> tuple[str, ...]:
     return ("dots", "full") if "RM" in tactic_factories() else ()
 
 
-def _matmul_element(traced) -> str:
-    """The element type of the step's first matmul (its flops' rate), f32 when it has none."""
-    from ..ir.graph import walk
-
-    for op in walk(traced.func.ops):
-        if op.name in ("stablehlo.dot_general", "stablehlo.convolution"):
-            return op.operands[0].type.element
-    return "f32"
+def _layouts_first(fitting: list[Candidate], bounds: Bounds) -> list[Candidate]:
+    """The order of the simulations: the best guess of each layout first (so every split of
+    the devices is seen early), best guesses first, then the rest by their guessed time."""
+    ranked = sorted(fitting, key=bounds.time)
+    seen, first, rest = set(), [], []
+    for c in ranked:
+        (rest if c.layout in seen else first).append(c)
+        seen.add(c.layout)
+    return first + rest

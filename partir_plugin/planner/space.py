@@ -11,6 +11,12 @@ from typing import Any
 
 from ..errors import PartitionError
 
+
+class PlanError(PartitionError):
+    """No configuration fits, or none could be estimated in the time given, or the step's
+    arguments are not what the planner needs."""
+
+
 Rule = Callable[[str, tuple], "int | None"]
 
 # Mesh axes, major to minor: the model axis is the minor one, so its groups are neighbours
@@ -30,7 +36,7 @@ class Roles:
     @classmethod
     def of(cls, names: list[str], batch: str, params: str, opt_state: str) -> Roles:
         if batch not in names:
-            raise PartitionError(f"plan: the step's arguments are {names}; none is named "
+            raise PlanError(f"plan: the step's arguments are {names}; none is named "
                                  f"{batch!r}, the batch (pass batch='<argument name>')")
         return cls(batch, params if params in names else None,
                    opt_state if opt_state in names else None)

@@ -92,6 +92,7 @@ def _trace_key(entry: Any, mesh: Mesh) -> tuple | None:
 
 class Estimator:
     """Estimates of `fn` on `args` for many meshes and schedules, sharing traces.
+    `hardware` (when not None) overrides `options.hardware`.
 
     A trace depends on the schedule only through its trace hooks (PP's pipelined layer loop,
     RM's rematerialized body); schedules whose hooked entries are equal (same fields, same
@@ -102,6 +103,8 @@ class Estimator:
                  options: PartitionOptions | None = None) -> None:
         self.fn, self.args = fn, tuple(args)
         options = options or PartitionOptions()
+        if hardware is not None:
+            options = options.replace(hardware=hardware)
         if options.scatter_sums is None:  # the step as an accelerator runs it
             options = options.replace(scatter_sums=True)
         self.options = resolve_options(options)
@@ -163,5 +166,5 @@ def estimate(fn, *args, mesh, schedule: Sequence = (), hardware: HardwareSpec | 
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(PartitionOptions)})
     if unknown:
         raise TypeError(f"estimate: unexpected keyword arguments {unknown}")
-    est = Estimator(fn, args, hardware, PartitionOptions(hardware=hardware, **options))
+    est = Estimator(fn, args, hardware, PartitionOptions(**options))
     return est.estimate(mesh, schedule)
