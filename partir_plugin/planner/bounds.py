@@ -71,12 +71,14 @@ class Bounds:
             return False
         return isinstance(dim, int) and -len(shape) <= dim < len(shape) and shape[dim] % n == 0
 
-    def memory(self, c: Candidate) -> int:
+    def memory(self, c: Candidate, model_splits_activations: bool = True) -> int:
         """Arguments + outputs (an output shaped like an argument laid out like it, others
         spread over every device) + activations (the replicated step's temporaries spread
         over every device; none with RM). Microbatches do not divide the activations: the
         pipelined loop keeps every microbatch's until the backward pass (GPipe), as gradient
-        accumulation through PP on a stage axis of one does."""
+        accumulation through PP on a stage axis of one does. Without
+        `model_splits_activations` the model axis leaves the activations whole (Megatron
+        splits only some of them): a likelier figure, for ordering, not for pruning."""
         by_shape: dict[tuple[int, ...], int] = {}
         args = 0
         for leaf, nbytes in self.sizes.leaves:
@@ -85,8 +87,13 @@ class Bounds:
             by_shape[leaf.shape] = min(tile, by_shape.get(leaf.shape, tile))
         n = c.layout.devices
         outs = sum(by_shape.get(shape, nbytes // n) for shape, nbytes in self.sizes.output_bytes)
-        temps = 0 if c.remat else self.sizes.temp_bytes // n
-        return args + outs + temps
+        return args + outs + self.activations(c, model_splits_activations)
+
+    def activations(self, c: Candidate, model_splits_activations: bool = True) -> int:
+        """The activations part of `memory`."""
+        n = c.layout.devices
+        split = n if model_splits_activations else n // c.layout.model
+        return 0 if c.remat else self.sizes.temp_bytes // split
 
     def time(self, c: Candidate) -> float:
         """A rough step time: the replicated step's compute spread over the devices,

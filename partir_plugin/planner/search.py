@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.mesh import Mesh
@@ -25,6 +25,7 @@ from .bounds import Bounds, Sizes
 from .space import (
     MODEL,
     Candidate,
+    Layout,
     PlanError,
     Roles,
     Rule,
@@ -59,8 +60,9 @@ class Plan:
 
 @dataclass
 class SearchStats:
-    """What a search did: configurations considered, pruned by the memory bound, estimated,
-    over the limit in their estimate, failed to partition (with the reasons), traces made."""
+    """What a search did: configurations considered, pruned by the memory bound (or because
+    the same configuration with more ZeRO sharding was over the limit), estimated, over the
+    limit in their estimate, failed to partition (with the reasons), traces made."""
 
     considered: int = 0
     pruned: int = 0
@@ -72,7 +74,7 @@ class SearchStats:
     timed_out: bool = False
 
     def summary(self) -> str:
-        return (f"{self.considered} configurations, {self.pruned} pruned by memory bounds, "
+        return (f"{self.considered} configurations, {self.pruned} pruned by memory, "
                 f"{self.estimated} estimated ({self.over_limit} over the limit, "
                 f"{len(self.failed)} failed), {self.traces} traces, {self.seconds:.1f} s"
                 + (" (time budget spent)" if self.timed_out else ""))
@@ -145,16 +147,61 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
                     closest = (need, c)
     if not fitting:
         raise PlanError(_nothing_fits(devices, limit, hw.name, closest, stats))
-    fitting = _layouts_first(fitting, bounds)
     search = _Search(est, roles, model_rule, expert_rule, limit, start + seconds, seconds,
                      stats, node)
-    plans = search.run(fitting, progress)
+    plans = search.run(_Queue(fitting, bounds, limit), progress)
     stats.traces, stats.seconds = est.traces_made, time.perf_counter() - start
     if not plans:
         raise PlanError(_none_estimated(devices, limit, hw.name, search, stats))
     plans.sort(key=lambda p: p.estimate.step_time_s)
     best = plans[0].estimate.step_time_s
     return Plans([_with_rank(p, best) for p in plans], stats)
+
+
+class _Queue:
+    """The candidates left, next = the likeliest to fit, then the best guessed time; the
+    first candidate of each layout before a second of any (so every split of the devices is
+    seen early). Likely memory is `Bounds.memory` with the activations whole on the model
+    axis, its activations scaled per kind of candidate (pipelined or not, with or without a
+    model axis, RM) by the smallest ratio seen so far of what an estimate left for them to
+    that figure: after one pipeline's came out twice its figure, the other pipelines wait."""
+
+    def __init__(self, candidates: list[Candidate], bounds: Bounds, limit: int) -> None:
+        self.limit = limit
+        # (likely memory, its activations part, guessed time) per candidate
+        self.figures = {c: (bounds.memory(c, model_splits_activations=False),
+                            bounds.activations(c, model_splits_activations=False),
+                            bounds.time(c)) for c in candidates}
+        self.left = set(self.figures)
+        self.ratio: dict[tuple, float] = {}
+        self.seen: set[Layout] = set()
+
+    @staticmethod
+    def kind(c: Candidate) -> tuple:
+        return (c.layout.stage > 1, c.layout.model > 1, c.remat)
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+    def _key(self, c: Candidate) -> tuple:
+        likely, activations, guess = self.figures[c]
+        likely += activations * (self.ratio.get(self.kind(c), 1.0) - 1)
+        fits = likely <= self.limit
+        return (not fits, c.layout in self.seen, guess, c.label())
+
+    def pop(self) -> Candidate:
+        c = min(self.left, key=self._key)
+        self.left.remove(c)
+        self.seen.add(c.layout)
+        return c
+
+    def learn(self, c: Candidate, peak: int) -> None:
+        """The estimated peak of `c` (popped before)."""
+        likely, activations, _ = self.figures[c]
+        if activations > 0:
+            k = self.kind(c)
+            ratio = (peak - (likely - activations)) / activations
+            self.ratio[k] = min(self.ratio.get(k, float("inf")), max(ratio, 1.0))
 
 
 @dataclass
@@ -172,22 +219,29 @@ class _Search:
     node: int | None
     frozen: dict[int, Any] = field(default_factory=dict)  # model size -> frozen search
     closest: tuple[int, Candidate] | None = None
+    # Per configuration but its ZeRO stage, the highest stage estimated over the limit: a
+    # lower one keeps more on each device, so it is over too and is not estimated.
+    over: dict[Candidate, int] = field(default_factory=dict)
+    last: Estimate | None = None  # the estimate `one` made (None: it made none)
 
-    def run(self, order: list[Candidate], progress: bool | None) -> list[Plan]:
+    def run(self, queue: _Queue, progress: bool | None) -> list[Plan]:
         from tqdm.auto import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress
         plans: list[Plan] = []
-        with tqdm(total=len(order), desc="partir.plan", disable=not show, leave=False,
+        with tqdm(total=len(queue), desc="partir.plan", disable=not show, leave=False,
                   unit="config", file=sys.stderr, dynamic_ncols=True) as bar:
-            for c in order:
+            while queue:
                 # At least one estimate, even where tracing the step took the whole budget.
                 if time.perf_counter() >= self.deadline and self.stats.estimated:
                     self.stats.timed_out = True
                     break
+                c = queue.pop()
                 found = self.one(c)
                 if found is not None:
                     plans.append(found)
+                if self.last is not None:
+                    queue.learn(c, self.last.peak_memory_bytes)
                 bar.update(1)
                 bar.set_postfix(fit=len(plans))
         return plans
@@ -206,6 +260,11 @@ class _Search:
                                   options={"progress": False}), True
 
     def one(self, c: Candidate) -> Plan | None:
+        self.last = None
+        unsharded = replace(c, zero=0)
+        if self.over.get(unsharded, -1) >= c.zero:
+            self.stats.pruned += 1
+            return None
         model, fresh = self.model_tactic(c.layout.model) if c.layout.model > 1 else (None,
                                                                                      False)
         schedule = c.schedule(self.roles, model, self.expert_rule)
@@ -215,6 +274,7 @@ class _Search:
             self.stats.failed.append(f"{c.label()}: {err}")
             return None
         self.stats.estimated += 1
+        self.last = e
         if fresh:
             found = next((row.search for row in e.tactics if row.search is not None), None)
             if found is not None:
@@ -222,6 +282,7 @@ class _Search:
                 schedule = [frozen if t is model else t for t in schedule]
         if e.peak_memory_bytes > self.limit:
             self.stats.over_limit += 1
+            self.over[unsharded] = max(self.over.get(unsharded, -1), c.zero)
             if self.closest is None or e.peak_memory_bytes < self.closest[0]:
                 self.closest = (e.peak_memory_bytes, c)
             return None
@@ -252,8 +313,6 @@ def _why(c: Candidate, e: Estimate, limit: int, node: int | None) -> str:
 
 
 def _with_rank(p: Plan, best: float) -> Plan:
-    from dataclasses import replace
-
     ratio = p.estimate.step_time_s / best if best else 1.0
     return replace(p, why=p.why + ("" if ratio == 1.0 else f"; {ratio:.2f}x the best"))
 
@@ -321,14 +380,3 @@ def _remat_policies() -> tuple[str, ...]:
     from ..plugin.manager import tactic_factories
 
     return ("dots", "full") if "RM" in tactic_factories() else ()
-
-
-def _layouts_first(fitting: list[Candidate], bounds: Bounds) -> list[Candidate]:
-    """The order of the simulations: the best guess of each layout first (so every split of
-    the devices is seen early), best guesses first, then the rest by their guessed time."""
-    ranked = sorted(fitting, key=bounds.time)
-    seen, first, rest = set(), [], []
-    for c in ranked:
-        (rest if c.layout in seen else first).append(c)
-        seen.add(c.layout)
-    return first + rest
