@@ -108,3 +108,26 @@ def test_cli_errors(capsys):
     rc = partir_main(["plan", "--function", "nowhere:step", "--args", "nowhere:args",
                       "--devices", "8"])
     assert rc == 2 and "cannot import module 'nowhere'" in capsys.readouterr().err
+
+
+def _mlp_step(params, batch):
+    import jax.numpy as jnp
+
+    def loss(p):
+        return jnp.mean((jnp.tanh(batch @ p["w1"]) @ p["w2"]) ** 2)
+
+    return jax.value_and_grad(loss)(params)
+
+
+def test_without_a_model_rule_automatic_partition_decides_the_model_axis_once_per_size():
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    args = ({"w1": jax.random.normal(k[0], (256, 1024)),
+             "w2": jax.random.normal(k[1], (1024, 256))}, jax.random.normal(k[2], (64, 256)))
+    plans = partir.plan(_mlp_step, *args, devices=8, hardware="a100-40gb", seconds=20)
+    modelled = [p for p in plans if "model" in p.mesh]
+    assert {p.mesh["model"] for p in modelled} == {2, 4, 8}
+    for p in modelled:
+        assert isinstance(p.schedule[-1], partir.FrozenPartition)
+        assert f"Auto(model {p.mesh['model']})" in p.label and "AutomaticPartition" in p.why
+    best = min(modelled, key=lambda p: p.estimate.step_time_s)
+    assert_matches_jax_jit(_mlp_step, args, best.mesh, best.schedule)

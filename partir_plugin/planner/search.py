@@ -286,16 +286,21 @@ class _Search:
             if self.closest is None or e.peak_memory_bytes < self.closest[0]:
                 self.closest = (e.peak_memory_bytes, c)
             return None
-        return Plan(c.mesh, schedule, e, _why(c, e, self.limit, self.node), c.label())
+        decisions = None if self.model_rule is not None else self.frozen.get(c.layout.model)
+        why = _why(c, e, self.limit, self.node, decisions)
+        return Plan(c.mesh, schedule, e, why, c.label("MP" if decisions is None else "Auto"))
 
 
-def _why(c: Candidate, e: Estimate, limit: int, node: int | None) -> str:
+def _why(c: Candidate, e: Estimate, limit: int, node: int | None, auto=None) -> str:
+    """The plan's line; `auto` is the frozen AutomaticPartition of the model axis, if any."""
     from ..report.text import fmt_bytes, fmt_time
 
     lay, parts = c.layout, []
     if lay.model > 1:
         parts.append(f"model axis of {lay.model}"
-                     + (f" within a node of {node}" if node else ""))
+                     + (f" within a node of {node}" if node else "")
+                     + ("" if auto is None else
+                        f" (AutomaticPartition: {len(auto.decisions)} decisions)"))
     if lay.stage > 1:
         parts.append(f"{lay.stage} stages, {c.microbatches} microbatches: bubble "
                      f"{c.bubble:.0%}")

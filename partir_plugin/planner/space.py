@@ -90,8 +90,9 @@ class Candidate:
     def mesh(self) -> dict[str, int]:
         return self.layout.mesh(with_stage=self.pipelined)
 
-    def label(self) -> str:
-        """The schedule in a few words: `PP(stage 4, M 8) BP(data 8) Z2 MP(model 8)`."""
+    def label(self, model: str = "MP") -> str:
+        """The schedule in a few words: `PP(stage 4, M 8) BP(data 8) Z2 MP(model 8)`;
+        `model` names the model axis's tactic ("Auto" where AutomaticPartition chose)."""
         lay, parts = self.layout, []
         if self.remat:
             parts.append(f"RM({self.remat})")
@@ -104,7 +105,7 @@ class Candidate:
         if lay.expert > 1:
             parts.append(f"EP(expert {lay.expert})")
         if lay.model > 1:
-            parts.append(f"MP(model {lay.model})")
+            parts.append(f"{model}(model {lay.model})")
         if self.zero:
             parts.append(f"Z{self.zero}(data)")
         return " ".join(parts) or "replicated"
