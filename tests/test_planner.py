@@ -100,7 +100,9 @@ def test_cli_prints_the_top_plans_as_a_table(tmp_path, capsys):
     lines = out.splitlines()
     assert "plans for 8 devices of a100-40gb" in lines[0]
     assert lines[1].split()[:4] == ["#", "mesh", "schedule", "est."]
-    assert [line.split()[0] for line in lines[3:]] == ["1", "2", "3"]
+    assert [line.split()[0] for line in lines[3:6]] == ["1", "2", "3"]
+    assert lines[6] == ("note: no pipelines: the step has no layer loop (a lax.scan over "
+                        "stacked layers)")
     assert "4 configurations, 0 pruned" in lines[0] and "BP(data " in out and "est. " in out
 
 

@@ -99,4 +99,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(plans)} plans for {args.devices} devices of {hardware} "
           f"({plans.stats.summary()}); the top {min(args.top, len(plans))}:")
     print(table(plans, args.top))
+    for note in plans.stats.notes:
+        print(f"note: {note}")
     return 0

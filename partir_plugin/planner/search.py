@@ -72,6 +72,7 @@ class SearchStats:
     traces: int = 0
     seconds: float = 0.0
     timed_out: bool = False
+    notes: list[str] = field(default_factory=list)  # what was left out of the space, and why
 
     def summary(self) -> str:
         return (f"{self.considered} configurations, {self.pruned} pruned by memory, "
@@ -117,7 +118,10 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
     traced, _ = est.traced(one, [])
     roles = Roles.of(traced.arg_names, batch, params, opt_state)
     batch_size = max(lf.shape[0] for lf in traced.leaves if lf.arg == roles.batch and lf.shape)
-    layers = _layer_loop(est)
+    stats = SearchStats()
+    layers, no_pipelines = _layer_loop(est)
+    if no_pipelines:
+        stats.notes.append(no_pipelines)
     leaves = tuple((lf, lf.value.type.nbytes) for lf in traced.leaves)
     sizes = Sizes(leaves, tuple((tuple(a.shape), a.size * a.dtype.itemsize)
                                 for a in traced.out_avals),
@@ -132,7 +136,6 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
         zero=roles.params is not None and roles.opt_state is not None,
         devices_per_node=node, remat_policies=_remat_policies())
     bounds = Bounds(sizes, roles, layers, model_rule, expert_rule, hw)
-    stats = SearchStats()
     fitting, closest = [], None
     for layout in layouts(devices, limits):
         plain = bounds.memory(Candidate(layout))
@@ -348,16 +351,18 @@ def _none_estimated(devices: int, limit: int, hw: str, search: _Search,
     return text
 
 
-def _layer_loop(est: Estimator) -> int | None:
-    """The stacked layers of the step's layer loop (what PP pipelines), or None."""
+def _layer_loop(est: Estimator) -> tuple[int | None, str | None]:
+    """The stacked layers of the step's layer loop (what PP pipelines), or None and why."""
     from ..tactics import tactic
 
     pp = tactic("PP", axis="stage", microbatches=1)
     try:
         est.traced(Mesh.of({"stage": 1}), [pp])
-    except PartitionError:
-        return None
-    return None if pp.last_found is None else pp.last_found.layers
+    except PartitionError as e:
+        return None, f"no pipelines: {e}"
+    if pp.last_found is None:
+        return None, "no pipelines: the step has no layer loop (a lax.scan over stacked layers)"
+    return pp.last_found.layers, None
 
 
 def _rule_sizes(rule: Rule | None, leaves, roles: Roles, devices: int,
