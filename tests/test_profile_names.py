@@ -148,6 +148,10 @@ def test_compiled_ops_keep_jax_names_and_the_users_lines(compiled):
     assert mine.user / mine.ops >= 0.9 * jax_s.user / jax_s.ops, (mine, jax_s)
     dots = {n for n in re.findall(r' dot\(.*op_name="([^"]*)"', ours)}
     assert len(dots) > 1 and not any("partir_call" in n for n in dots)
+    # The step's scope reads once: XLA prefixes the call site's `jit(step)/shard_map`.
+    names = re.findall(r'op_name="([^"]*)"', ours)
+    doubled = [n for n in names if re.search(r"shard_map/(?:[^;]*;)?jit\(", n)]
+    assert not doubled, doubled[:3]
 
 
 def test_every_collective_names_its_tactic_and_record(compiled):

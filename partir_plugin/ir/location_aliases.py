@@ -11,6 +11,10 @@ per distinct node, referenced as `loc(#locN)`), each node is walked and printed 
 
 Nodes are told apart by their location attribute (`loc.attr`, uniqued by the MLIR context),
 top-level locations by identity (the importer shares one object per distinct location).
+
+Name stacks are printed without their leading `jit(step)/`: the program runs inside the
+step's own `jit(step)/shard_map`, whose name XLA prefixes to every op it inlines, so the
+traced scope would read twice (`jit(step)/shard_map/jit(step)/jvp(Model)/...`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from .locations import is_library_file, location_name
 # What MLIR's printer leaves unescaped in a string: printable ASCII except `"` and `\`.
 _PLAIN = re.compile(r'[ !#-\[\]-~]*')
 UNKNOWN = "loc(unknown)"
+# The traced function's own scope at the start of a name stack (or of each of a fused
+# location's names, `;`-separated); a Python function's name holds no parentheses.
+_JIT_SCOPE = re.compile(r"(^|;)jit\([^()]*\)/")
 
 
 _IR = None
@@ -35,6 +42,11 @@ def _mlir():
 
         _IR = ir
     return _IR
+
+
+def scope_name(name: str) -> str:
+    """`name` (a name stack) as printed: without the traced step's `jit(step)/`."""
+    return _JIT_SCOPE.sub(r"\1", name) if "jit(" in name else name
 
 
 def escape(text: str) -> str:
@@ -81,7 +93,7 @@ class LocationAliases:
         if alias is None:
             frames = frames_of(location)
             inner = f"({self._node(frames)})" if frames is not None else ""
-            alias = self._named[key] = self._define(f'"{escape(name)}"{inner}')
+            alias = self._named[key] = self._define(f'"{escape(scope_name(name))}"{inner}')
             self._top.setdefault(id(location), (location, self.ref(location)))
         return alias
 
@@ -122,7 +134,7 @@ class LocationAliases:
         if isinstance(loc, ir.NameLoc):
             child = loc.child_loc
             inner = "" if isinstance(child, ir.UnknownLoc) else f"({self._node(child)})"
-            body = f'"{escape(loc.name_str)}"{inner}'
+            body = f'"{escape(scope_name(loc.name_str))}"{inner}'
         elif isinstance(loc, ir.CallSiteLoc):
             body = f"callsite({self._node(loc.callee)} at {self._node(loc.caller)})"
         elif isinstance(loc, ir.FusedLoc):
