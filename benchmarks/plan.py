@@ -24,6 +24,7 @@ import sys
 import time
 
 import harness  # noqa: F401  (before jax: 8 CPU devices, repo root on sys.path)
+from simulator_accuracy import spearman
 
 COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python "
            "benchmarks/plan.py")
@@ -47,28 +48,6 @@ def workloads() -> dict[str, tuple]:
         "moe": (moe.make_train_step(m), moe.init(m, jax.random.PRNGKey(0)),
                 {"model_rule": megatron.moe_rule, "expert_rule": megatron.expert_rule}),
     }
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(xs):
-        order = sorted(range(len(xs)), key=lambda i: xs[i])
-        out = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else 1.0
 
 
 @dataclasses.dataclass

@@ -7,13 +7,6 @@ import pytest
 pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
-def test_spearman():
-    plan = benchmark_module.load("plan")
-    assert plan.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
-    assert plan.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert plan.spearman([1, 1, 2], [5, 5, 9]) == pytest.approx(1.0)
-
-
 def test_plan_benchmark_writes_its_section(tmp_path):
     plan = benchmark_module.load("plan")
     out = tmp_path / "BENCHMARKS.md"
