@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "jit": "api", "reshard": "api", "plan_redistribution": "api", "tag": "markers",
     "roll": "markers",
-    "PartitionedFunction": "api", "Lowered": "stages", "Compiled": "stages",
+    "PartitionedFunction": "api", "estimate": "estimation", "Estimate": "estimation",
+    "plan": "planner", "Plan": "planner", "Lowered": "stages", "Compiled": "stages",
     "ManualPartition": "tactics.manual", "AutomaticPartition": "tactics.automatic",
     "tactic": "tactics",
     "REPLICATED": "tactics.manual", "FIRST_DIVISIBLE_DIM": "tactics.manual",

@@ -1,10 +1,10 @@
 """The `partir` command line: one parser, subcommands registered by the kernel and by plugins.
 
 Every subcommand is registered the same way (`partir_add_cli_commands`): a subparser whose
-`run` default is `run(args) -> int`. The kernel's own are `report`, `reshard-plan`, `plugins`
-and `demo`; the hardware plugin adds `calibrate`. Each command's arguments live beside the code
-it drives (`cli/report.py`, `spmd/redistribution/cli.py`); `--mesh` is parsed by one function,
-`core.mesh.parse_mesh`.
+`run` default is `run(args) -> int`. The kernel's own are `report`, `plan`, `reshard-plan`,
+`plugins` and `demo`; the hardware plugin adds `calibrate`. Each command's arguments live
+beside the code it drives (`cli/report.py`, `cli/plan.py`, `spmd/redistribution/cli.py`);
+`--mesh` is parsed by one function, `core.mesh.parse_mesh`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def _run_report(args: argparse.Namespace) -> int:
     from . import report
 
     return report.run(args)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from . import plan
+
+    return plan.run(args)
 
 
 def _run_reshard_plan(args: argparse.Namespace) -> int:
@@ -61,10 +67,12 @@ def _run_demo(args: argparse.Namespace) -> int:
 def add_kernel_commands(subparsers: argparse._SubParsersAction) -> None:
     """The kernel's own subcommands (plugins add theirs through the same hook's signature)."""
     from ..spmd.redistribution import cli as reshard_cli
-    from . import report
+    from . import plan, report
 
     _add(subparsers, "report", "partition a function or StableHLO file, print the report",
          report.add_arguments, _run_report, report.__doc__)
+    _add(subparsers, "plan", "the fastest schedules that fit N devices, estimated (a table)",
+         plan.add_arguments, _run_plan, plan.__doc__)
     _add(subparsers, "reshard-plan", "print a redistribution plan", reshard_cli.add_arguments,
          _run_reshard_plan, reshard_cli.__doc__)
     _add(subparsers, "plugins", "list loaded plugins", None, _run_plugins)

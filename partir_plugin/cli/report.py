@@ -279,16 +279,22 @@ def _metadata_from_args(args: argparse.Namespace) -> Metadata:
     if not args.args:
         raise ReportInputError("--function needs --args MODULE:FUNCTION returning the example "
                                "arguments")
-    fn = load_object(args.function, "--function")
+    fn, example = function_and_args(args.function, args.args)
+    return report_for_function(fn, example, mesh, schedule, options, baseline=baseline)
+
+
+def function_and_args(function: str, args: str) -> tuple[Any, tuple]:
+    """`--function MODULE:FUNCTION` and `--args MODULE:FUNCTION` (a callable returning the
+    example arguments, arrays or ShapeDtypeStructs, or the tuple itself) loaded."""
+    fn = load_object(function, "--function")
     if not callable(fn):
-        raise ReportInputError(f"--function: {args.function} is not callable")
-    make_args = load_object(args.args, "--args")
+        raise ReportInputError(f"--function: {function} is not callable")
+    make_args = load_object(args, "--args")
     example = make_args() if callable(make_args) else make_args
     if not isinstance(example, (tuple, list)):
-        raise ReportInputError(f"--args: {args.args} must return a tuple of example arguments, "
+        raise ReportInputError(f"--args: {args} must return a tuple of example arguments, "
                                f"got {type(example).__name__}")
-    return report_for_function(fn, tuple(example), mesh, schedule, options,
-                               baseline=baseline)
+    return fn, tuple(example)
 
 
 def run(args: argparse.Namespace) -> int:
