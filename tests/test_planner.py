@@ -27,7 +27,7 @@ def model():
 @pytest.fixture(scope="module")
 def plans(model):
     step, args = model
-    return partir.plan(step, *args, devices=8, hardware="a100-40gb", seconds=15,
+    return partir.plan(step, *args, devices=8, hardware="a100-40gb", seconds=600, max_estimates=8,
                        model_rule=megatron.transformer_rule)
 
 

@@ -93,7 +93,7 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
          seconds: float = 60.0, model_rule: Rule | None = None,
          expert_rule: Rule | None = None, batch: str = "batch", params: str = "params",
          opt_state: str = "opt_state", progress: bool | None = None,
-         **options: Any) -> Plans:
+         max_estimates: int | None = None, **options: Any) -> Plans:
     """Plans for `fn(*args)` on `devices` devices of `hardware`, fastest first.
 
     `args` are arrays or `jax.ShapeDtypeStruct` pytrees; the step's arguments named `batch`,
@@ -102,7 +102,9 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
     spec's memory). `model_rule`: a Megatron-style rule `(path, shape) -> dim | None` for the
     model axis; None: AutomaticPartition searches that axis (once per axis size, frozen).
     `expert_rule` (for EP) offers an expert axis. `seconds` bounds the search, tracing
-    included (one estimate is made whatever it says; the last may end past it); a progress
+    included (one estimate is made whatever it says; the last may end past it), and
+    `max_estimates` (None: no bound) the number of configurations simulated, a budget that
+    does not depend on the machine's speed or load; a progress
     bar on stderr when it is a terminal, or with `progress=True`. `options` are
     `partir.estimate`'s. Raises `PlanError` when nothing fits, saying the closest.
     """
@@ -134,7 +136,9 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
         expert_sizes=(None if expert_rule is None or roles.params is None else
                       _rule_sizes(expert_rule, traced.leaves, roles, devices, None)),
         zero=roles.params is not None and roles.opt_state is not None,
-        devices_per_node=node, remat_policies=_remat_policies())
+        devices_per_node=node,
+        # RM rematerializes the layer loop: a step without one has nothing for it to do.
+        remat_policies=_remat_policies() if layers is not None else ())
     bounds = Bounds(sizes, roles, layers, model_rule, expert_rule, hw)
     fitting, closest = [], None
     for layout in layouts(devices, limits):
@@ -151,7 +155,7 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
     if not fitting:
         raise PlanError(_nothing_fits(devices, limit, hw.name, closest, stats))
     search = _Search(est, roles, model_rule, expert_rule, limit, start + seconds, seconds,
-                     stats, node)
+                     stats, node, max_estimates)
     plans = search.run(_Queue(fitting, bounds, limit), progress)
     stats.traces, stats.seconds = est.traces_made, time.perf_counter() - start
     if not plans:
@@ -220,6 +224,7 @@ class _Search:
     seconds: float
     stats: SearchStats
     node: int | None
+    max_estimates: int | None = None
     frozen: dict[int, Any] = field(default_factory=dict)  # model size -> frozen search
     closest: tuple[int, Candidate] | None = None
     # Per configuration but its ZeRO stage, the highest stage estimated over the limit: a
@@ -238,6 +243,8 @@ class _Search:
                 # At least one estimate, even where tracing the step took the whole budget.
                 if time.perf_counter() >= self.deadline and self.stats.estimated:
                     self.stats.timed_out = True
+                    break
+                if self.max_estimates is not None and self.stats.estimated >= self.max_estimates:
                     break
                 c = queue.pop()
                 found = self.one(c)
