@@ -602,6 +602,11 @@ class _PipelineRun(Tactic):
                 f"it; the traced step has none"
                 + ("" if not loop.passed_over else " (passed over: "
                    + "; ".join(loop.passed_over) + ")"))
+        if ctx.mesh.axis_size(pp.axis) == 1:
+            # One stage: gradient accumulation over the microbatches, nothing to place on
+            # stages (tiling on an axis of one device would only add no-op collectives).
+            ctx.state.notes.append(self.describe())
+            return
         leaves = {leaf.value: leaf for leaf in ctx.leaves}
         for v in ctx.state.tagged(LAYERS_TAG):
             source = v.producer.operands[0]
@@ -619,7 +624,9 @@ class _PipelineRun(Tactic):
         microbatch whole on each data-parallel device (right numbers, no data parallelism)."""
         pp, batch_size = self.tactic, self.loop.batch
         for batch, micro in zip(state.tags.get(BATCH_TAG, []), state.tags.get(MICRO_TAG, [])):
-            data = [a for a, d in state.tiles_of(batch) if d == 0 and a != pp.axis]
+            # Axes of one device split nothing (a microbatch of one row is whole on them).
+            data = [a for a, d in state.tiles_of(batch)
+                    if d == 0 and a != pp.axis and state.mesh.axis_size(a) > 1]
             along = [a for a, d in state.tiles_of(micro) if d == 1]
             missing = [a for a in data if a not in along]
             if missing:
@@ -639,6 +646,11 @@ class _PipelineRun(Tactic):
                   f"{S} stages of {R} chunks of {per} layer{'s' if per > 1 else ''} "
                   f"(stage s: chunks s, s+{S}, ...)")
         formula = "(S-1)/(M+S-1)" if R == 1 else "(S-1)/(M·R+S-1)"
+        if S == 1:
+            return (f"gradient accumulation over {pp.axis!r} (one stage of {L} "
+                    f"layer{'s' if L > 1 else ''}): {M} microbatches of {self.loop.batch // M}, "
+                    f"run one after another; the activations of all {M} are kept until the "
+                    f"backward pass")
         return (f"pipeline ({pp.schedule}) over {pp.axis!r}: {layout}, {M} microbatches "
                 f"of {self.loop.batch // M}, {shape.iterations} iterations, bubble {formula} = "
                 f"{shape.bubble:.1%}; each stage keeps the activations of all {M} "
