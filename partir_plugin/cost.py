@@ -10,6 +10,8 @@ manager (`plugin/resolve.py`), which this module does not import.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,6 +54,18 @@ class HardwareSpec:
     `combined_collectives` (kinds such as "all_reduce") and `combine_threshold_bytes`: the
     backend's collective combiners send independent collectives of those kinds over the same
     devices as one, up to that many bytes (XLA's AllReduceCombiner and friends; 0: none).
+
+    The cluster (docs/simulator.md, "Clusters"): `devices_per_node` devices share a node; the
+    mesh's devices fill nodes in order (replica r on node r // devices_per_node, the mesh
+    row-major, so minor axes fill a node first). `intra_node_link` (a key of `links`; None:
+    `default_link`) joins the devices of a node, `inter_node_link` (a key of `links`) the
+    nodes, given per device: the node's NIC bandwidth divided by its devices (DGX A100: 8 x
+    200 Gb/s for 8 GPUs, 25 GB/s). A collective whose device groups stay within a node runs on
+    the intra-node link; one whose groups cross nodes runs on the inter-node link, each group
+    using the NICs of its g members in a node (`g x` the per-device bandwidth, at most the
+    intra-node link's) and paying the slower latency (`link_for_axes` with a mesh).
+    `axis_links` overrides the mapping for the axes it names; without `devices_per_node`
+    every axis uses `axis_links` or `default_link` (one node of any size).
     """
 
     name: str
@@ -70,6 +84,9 @@ class HardwareSpec:
     library_reductions: bool = False
     combined_collectives: tuple[str, ...] = ()
     combine_threshold_bytes: int = 0
+    devices_per_node: int | None = None
+    intra_node_link: str | None = None
+    inter_node_link: str | None = None
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -84,6 +101,18 @@ class HardwareSpec:
             if link not in self.links:
                 raise ValueError(f"hardware {self.name!r}: axis {axis!r} maps to unknown link "
                                  f"{link!r} (links: {sorted(self.links)})")
+        if self.devices_per_node is not None:
+            if self.devices_per_node < 1:
+                raise ValueError(f"hardware {self.name!r}: devices_per_node must be >= 1, got "
+                                 f"{self.devices_per_node}")
+            for role in ("intra_node_link", "inter_node_link"):
+                link = getattr(self, role)
+                if link is None and role == "intra_node_link":
+                    continue
+                if link not in self.links:
+                    raise ValueError(f"hardware {self.name!r}: {role} {link!r} is not one of "
+                                     f"its links {sorted(self.links)} (a spec with "
+                                     f"devices_per_node names its inter-node link)")
 
     def matrix_flops_for(self, element: str) -> float:
         """Peak for a matmul/convolution on `element`: its entry, else f32's, else the slowest
@@ -109,13 +138,35 @@ class HardwareSpec:
         """Reading and writing `nbytes` at the achievable memory bandwidth."""
         return nbytes / (self.memory_bandwidth_bytes_per_s * self.memory_efficiency)
 
-    def link_for_axes(self, axes) -> LinkClass:
+    def link_for_axes(self, axes, mesh: Mesh | None = None) -> LinkClass:
         """The link a collective over `axes` is limited by: the slowest of the axes' links (a
-        sub-axis, `model:(1)4`, runs on its parent's link)."""
-        names = ({self.axis_links.get(parent_of(a), self.default_link) for a in axes}
-                 or {self.default_link})
-        links = [self.links[n] for n in sorted(names)]
+        sub-axis, `model:(1)4`, runs on its parent's link). With a `mesh` and a cluster
+        (`devices_per_node`), the axes not in `axis_links` run on the links their device
+        groups span (`node_link`); otherwise on `axis_links` or `default_link`."""
+        axes = tuple(axes)
+        clustered = mesh is not None and self.devices_per_node is not None
+        named = {self.axis_links[parent_of(a)] for a in axes if parent_of(a) in self.axis_links}
+        rest = tuple(a for a in axes if parent_of(a) not in self.axis_links)
+        links = [self.links[n] for n in sorted(named)]
+        if rest and clustered:
+            links.append(self.node_link(rest, mesh))
+        elif rest or not links:
+            links.append(self.links[self.default_link])
         return min(links, key=lambda link: (link.bandwidth_bytes_per_s, -link.latency_s))
+
+    def node_link(self, axes: tuple[str, ...], mesh: Mesh) -> LinkClass:
+        """The link of a collective over `axes` on this spec's cluster: the intra-node link
+        when every device group stays within a node; else the inter-node link, at g times its
+        per-device bandwidth for groups with g members in each node (their g NICs; at most the
+        intra-node bandwidth), at the slower of the two latencies."""
+        intra = self.links[self.intra_node_link or self.default_link]
+        g = members_per_node(mesh, axes, self.devices_per_node or mesh.size)
+        if not g:
+            return intra
+        inter = self.links[self.inter_node_link]
+        return LinkClass(inter.name if g == 1 else f"{inter.name} x{g}",
+                         min(intra.bandwidth_bytes_per_s, g * inter.bandwidth_bytes_per_s),
+                         max(intra.latency_s, inter.latency_s))
 
     def with_axis_links(self, axis_links: dict[str, str]) -> HardwareSpec:
         """A copy mapping mesh axes to link classes, e.g. `a100.with_axis_links({"hosts":
@@ -137,6 +188,19 @@ class HardwareSpec:
         kwargs["aliases"] = tuple(data.get("aliases", ()))
         kwargs["combined_collectives"] = tuple(data.get("combined_collectives", ()))
         return cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def members_per_node(mesh: Mesh, axes: tuple[str, ...], devices_per_node: int) -> int:
+    """0 when every device group of a collective over `axes` stays within one node (replica r
+    on node r // devices_per_node); else the fewest members any group has in one of the
+    nodes it spans (the NICs its ring can use there)."""
+    crossing, fewest = False, mesh.size
+    for group in mesh.groups(axes):
+        per_node = Counter(r // devices_per_node for r in group)
+        crossing = crossing or len(per_node) > 1
+        fewest = min(fewest, *per_node.values())
+    return fewest if crossing else 0
 
 
 @dataclass(frozen=True)

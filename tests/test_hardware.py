@@ -14,7 +14,7 @@ from partir_hardware.host import CALIBRATION_ENV, load_host_spec
 from partir_plugin.cost import HardwareSpec, LinkClass
 from partir_plugin.plugin import manager
 
-BUILTIN = {"tpu-v3", "a100-40gb", "h100-sxm", "h200-sxm", "host-cpu"}
+BUILTIN = {"tpu-v3", "a100-40gb", "a100-80gb", "h100-sxm", "h100-dgx", "h200-sxm", "host-cpu"}
 
 
 def test_plugin_lookup_finds_every_builtin_spec():

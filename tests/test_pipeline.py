@@ -233,6 +233,53 @@ def test_nnx_scan_layers_are_pipelined():
     assert kernels and all(s.spec[0] == "stage" for s in kernels)
 
 
+def test_a_stage_axis_of_one_device_is_gradient_accumulation(model):
+    """PP on a stage axis of size 1: the layers run once per microbatch (no stages, nothing
+    tiled on the axis, so no collective over it), jax.jit's numbers, each microbatch of 8 rows
+    split over the 8 data-parallel devices."""
+    _, meta = _pipelined(model, {"stage": 1, "batch": 8},
+                         [partir.tactic("PP", axis="stage", microbatches=2),
+                          partir.tactic("BP", axis="batch")])
+    assert "gradient accumulation over 'stage' (one stage of 8 layers): 2 microbatches of 8" \
+        in meta.report()
+    assert meta.tactics[0].collectives.get("all_gather", 0) == 0
+    assert meta.tactics[-1].collectives.get("all_gather", 0) == 0
+
+
+def test_microbatches_of_one_row(model):
+    """16 microbatches of one row each, with a data axis of one device (the configuration
+    Megatron-LM's largest runs use): jax.jit's numbers."""
+    mp = partir.tactic("MP", rule=megatron.transformer_rule, axis="model")
+    _, meta = _pipelined(model, {"stage": 4, "data": 1, "model": 2},
+                         [partir.tactic("PP", axis="stage", microbatches=16),
+                          partir.tactic("BP", axis="data"), mp])
+    assert "16 microbatches of 1," in meta.report()
+    assert _stage_sharded(meta)
+
+
+def test_microbatches_of_one_row_at_the_papers_scale_are_estimated():
+    """[PP(stage, microbatches=32), BP(data), MP(model)] on {stage: 8, data: 1, model: 8} with
+    a batch of 32 (Megatron-LM's 1T configuration, at small widths): partitioned and simulated
+    from abstract arguments, nothing run; it used to be refused ("choose microbatches so that
+    32 is divisible by microbatches x 1")."""
+    from partir_plugin.core.mesh import Mesh
+    from partir_plugin.frontend.trace import trace
+    from partir_plugin.plugin.resolve import simulate
+    from partir_plugin.stages import partition
+
+    cfg = dataclasses.replace(CONFIG, batch=32, heads=8)
+    args = jax.eval_shape(lambda key: transformer.init(cfg, key), jax.random.PRNGKey(0))
+    mesh = Mesh.of({"stage": 8, "data": 1, "model": 8})
+    schedule = [partir.tactic("PP", axis="stage", microbatches=32),
+                partir.tactic("BP", axis="data"),
+                partir.tactic("MP", rule=megatron.transformer_rule, axis="model")]
+    part = partition(trace(transformer.make_train_step(cfg), args, schedule, mesh), mesh,
+                     schedule)
+    assert any("32 microbatches of 1," in note for note in part.state.notes)
+    result = simulate(part.program.func, mesh, "a100-80gb")
+    assert result.runtime_s > 0 and result.collective_counts["all_permute"] > 0
+
+
 def test_poisoned_bubbles_change_nothing(model):
     _pipelined(model, {"stage": 4, "batch": 2},
                [partir.tactic("PP", axis="stage", microbatches=4, poison_bubbles=True),

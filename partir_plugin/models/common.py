@@ -156,11 +156,13 @@ class MultiHeadAttention(nn.Module):
     num_heads: int
     head_dim: int
     use_rope: bool = True
+    dtype: Any = None  # the computation dtype of the projections (Flax's `dtype`)
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
         proj = {
-            name: nn.DenseGeneral((self.num_heads, self.head_dim), use_bias=False, name=name)(x)
+            name: nn.DenseGeneral((self.num_heads, self.head_dim), use_bias=False,
+                                  dtype=self.dtype, name=name)(x)
             for name in ("query", "key", "value")
         }
         q, k, v = proj["query"], proj["key"], proj["value"]
@@ -168,7 +170,8 @@ class MultiHeadAttention(nn.Module):
             positions = jnp.arange(x.shape[1])
             q, k = rope(q, positions), rope(k, positions)
         y = dot_attention(q, k, v, mask)
-        return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), use_bias=False, name="out")(y)
+        return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), use_bias=False, dtype=self.dtype,
+                               name="out")(y)
 
 
 def causal_mask(seq_len: int) -> jax.Array:

@@ -76,6 +76,10 @@ class Config:
     ffw: int = 32
     learning_rate: float = 1e-2
     scan: bool = False
+    # The computation dtype (Flax's `dtype`): "bfloat16" computes the layers, their matmuls
+    # and activations in bf16 from f32 parameters (f32 master weights and Adam state), as
+    # large runs train; the loss is taken in f32. None: every value has its parameter's type.
+    dtype: Any = None
 
     @classmethod
     def small(cls, layers: int = 2, scan: bool = False) -> Config:
@@ -128,11 +132,12 @@ class MLPBlock(nn.Module):
 
     d_model: int
     ffw: int
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = nn.gelu(nn.Dense(self.ffw, use_bias=False, name="dense_up")(x))
-        return nn.Dense(self.d_model, use_bias=False, name="dense_down")(h)
+        h = nn.gelu(nn.Dense(self.ffw, use_bias=False, dtype=self.dtype, name="dense_up")(x))
+        return nn.Dense(self.d_model, use_bias=False, dtype=self.dtype, name="dense_down")(h)
 
 
 class Block(nn.Module):
@@ -145,10 +150,10 @@ class Block(nn.Module):
     def __call__(self, x: jax.Array) -> tuple[jax.Array, None]:
         cfg = self.config
         mask = causal_mask(x.shape[1])
-        h = nn.RMSNorm(name="norm_attn")(x)
-        x = x + MultiHeadAttention(cfg.heads, cfg.head_dim, name="attn")(h, mask)
-        h = nn.RMSNorm(name="norm_mlp")(x)
-        return x + MLPBlock(cfg.d_model, cfg.ffw, name="mlp")(h), None
+        h = nn.RMSNorm(dtype=cfg.dtype, name="norm_attn")(x)
+        x = x + MultiHeadAttention(cfg.heads, cfg.head_dim, dtype=cfg.dtype, name="attn")(h, mask)
+        h = nn.RMSNorm(dtype=cfg.dtype, name="norm_mlp")(x)
+        return x + MLPBlock(cfg.d_model, cfg.ffw, cfg.dtype, name="mlp")(h), None
 
 
 def _scan_body(block: nn.Module, x: jax.Array, _: Any) -> tuple[jax.Array, Any]:
@@ -184,15 +189,17 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cfg = self.config
-        x = nn.Embed(cfg.vocab, cfg.d_model, name="embed")(tokens)
+        x = nn.Embed(cfg.vocab, cfg.d_model, dtype=cfg.dtype, name="embed")(tokens)
         x, _ = apply_blocks(lambda name: Block(cfg, name=name), cfg.layers, cfg.scan, x)
-        x = nn.RMSNorm(name="norm_final")(x)
-        return nn.Dense(cfg.vocab, use_bias=False, name="unembed")(x)
+        x = nn.RMSNorm(dtype=cfg.dtype, name="norm_final")(x)
+        return nn.Dense(cfg.vocab, use_bias=False, dtype=cfg.dtype, name="unembed")(x)
 
 
 def loss_fn(config: Config, params: PyTree, batch: Batch) -> jax.Array:
-    """Mean next-token cross-entropy."""
+    """Mean next-token cross-entropy (in f32 when the layers compute in a narrower type)."""
     logits = Transformer(config).apply({"params": params}, batch["tokens"])
+    if config.dtype is not None:
+        logits = logits.astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
 
 

@@ -217,13 +217,13 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     def shift(y):
         return roll(y, -1 if reverse else 1, axis=0)
 
-    def step(loop, t):
+    def step(loop, xs):
         (state, pe_state), outs, circ, acc = loop
+        t, entering_now = xs
         k = t - pos  # the step each stage works on: microbatch k mod M, pass k div M
         valid = (k >= 0) & (k < M * R)
         m = jnp.clip(k, 0, M * R - 1) % M
-        first = [lax.dynamic_index_in_dim(x, jnp.minimum(t, M - 1), 0, keepdims=True)
-                 for x in micro]
+        first = [x[None] for x in entering_now]
         if R > 1:  # later passes re-enter the first stage from the recirculation buffer
             again = [lax.dynamic_index_in_dim(c, t % M, 1, False) for c in circ]
             first = [jnp.where(t < M, f, a) for f, a in zip(first, again)]
@@ -241,19 +241,21 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
         acc = [a + where_stage(valid, s, jnp.zeros_like(s)) for a, s in zip(acc, sums)]
         shifted = [shift(y) for y in out]
         pe_shifted = [shift(y) for y in pe_in]
-        # What the last stage finished: microbatch `done` of pass `last`.
-        k_last = t - (S - 1)
-        done = jnp.clip(k_last, 0, M * R - 1) % M
-        last = jnp.clip(k_last, 0, M * R - 1) // M
-        if R > 1:  # not its last pass: into the first stage's slot `done` of the buffer
-            back = head & (k_last >= 0) & (last < R - 1)
-            circ = [where_stage(back, lax.dynamic_update_index_in_dim(c, y[:, None], done, 1),
-                                c) for c, y in zip(circ, shifted)]
-        # Its last pass goes to its slot of the output buffer. The buffer has a stage
-        # dimension too, so each stage writes only its own (local) block and only the last
-        # stage's block is kept: no stage reads another's block in the loop.
-        keep = (pos == S - 1) & (k_last >= 0) & (last == R - 1)
-        outs = [where_stage(keep, lax.dynamic_update_index_in_dim(o, y[:, None], done, 1), o)
+        # What the last stage finished: microbatch `done` (of some pass). Every iteration
+        # writes it to slot `done` of the recirculation buffer (the first stage's block, read
+        # by later passes) and of the output buffer, unmasked: slots are written in the order
+        # of k_last, so the last write to a slot is its microbatch's last pass, a bubble's
+        # write (k_last < 0, slot 0) comes before microbatch 0's, and a final pass's write to
+        # the recirculation buffer is never read (its slot is read again only at t + M - S + 1
+        # >= M·R). A masked write would select over the whole [S, M, ...] buffer each
+        # iteration, and its gradient add a whole buffer: M² work in a step. Each stage
+        # writes only its own (local) block of a buffer; only the first stage's block of the
+        # recirculation buffer and the last stage's of the output buffer are read.
+        done = jnp.clip(t - (S - 1), 0, M * R - 1) % M
+        if R > 1:
+            circ = [lax.dynamic_update_index_in_dim(c, y[:, None], done, 1)
+                    for c, y in zip(circ, shifted)]
+        outs = [lax.dynamic_update_index_in_dim(o, y[:, None], done, 1)
                 for o, y in zip(outs, out)]
         return ((shifted, pe_shifted), outs, circ, acc), None
 
@@ -263,8 +265,13 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     circ0 = [jnp.full((S, *m.shape), fill, m.dtype) for m in micro] if R > 1 else []
     acc0 = [jnp.zeros((S, *jnp.shape(carry_leaves[i])), jnp.result_type(carry_leaves[i]))
             for i in sum_at]
+    # Microbatch t enters the first stage at iteration t (zeros after the last, which no
+    # stage uses): scanned over rather than indexed, since the gradient of an indexed loop
+    # input adds a whole [M, ...] buffer every iteration (M² work in a step).
+    entering = [jnp.concatenate([x, jnp.zeros((shape.iterations - M, *x.shape[1:]), x.dtype)])
+                for x in micro]
     (_, outs, _, acc), _ = scan(step, ((state0, pe0), outs0, circ0, acc0),
-                                jnp.arange(shape.iterations))
+                                (jnp.arange(shape.iterations), entering))
     # The last stage's block, taken as a masked sum over stages (one reduction over the stage
     # axis once partitioned, rather than a gather of every stage's block).
     outs = [jnp.sum(where_stage(pos == S - 1, o, jnp.zeros_like(o)), axis=0) for o in outs]
@@ -522,6 +529,11 @@ class _PipelineRun(Tactic):
                 f"it; the traced step has none"
                 + ("" if not loop.passed_over else " (passed over: "
                    + "; ".join(loop.passed_over) + ")"))
+        if ctx.mesh.axis_size(pp.axis) == 1:
+            # One stage: gradient accumulation over the microbatches, nothing to place on
+            # stages (tiling on an axis of one device would only add no-op collectives).
+            ctx.state.notes.append(self.describe())
+            return
         leaves = {leaf.value: leaf for leaf in ctx.leaves}
         for v in ctx.state.tagged(LAYERS_TAG):
             source = v.producer.operands[0]
@@ -539,7 +551,9 @@ class _PipelineRun(Tactic):
         microbatch whole on each data-parallel device (right numbers, no data parallelism)."""
         pp, batch_size = self.tactic, self.loop.batch
         for batch, micro in zip(state.tags.get(BATCH_TAG, []), state.tags.get(MICRO_TAG, [])):
-            data = [a for a, d in state.tiles_of(batch) if d == 0 and a != pp.axis]
+            # Axes of one device split nothing (a microbatch of one row is whole on them).
+            data = [a for a, d in state.tiles_of(batch)
+                    if d == 0 and a != pp.axis and state.mesh.axis_size(a) > 1]
             along = [a for a, d in state.tiles_of(micro) if d == 1]
             missing = [a for a in data if a not in along]
             if missing:
@@ -559,6 +573,11 @@ class _PipelineRun(Tactic):
                   f"{S} stages of {R} chunks of {per} layer{'s' if per > 1 else ''} "
                   f"(stage s: chunks s, s+{S}, ...)")
         formula = "(S-1)/(M+S-1)" if R == 1 else "(S-1)/(M·R+S-1)"
+        if S == 1:
+            return (f"gradient accumulation over {pp.axis!r} (one stage of {L} "
+                    f"layer{'s' if L > 1 else ''}): {M} microbatches of {self.loop.batch // M}, "
+                    f"run one after another; the activations of all {M} are kept until the "
+                    f"backward pass")
         return (f"pipeline ({pp.schedule}) over {pp.axis!r}: {layout}, {M} microbatches "
                 f"of {self.loop.batch // M}, {shape.iterations} iterations, bubble {formula} = "
                 f"{shape.bubble:.1%}; each stage keeps the activations of all {M} "

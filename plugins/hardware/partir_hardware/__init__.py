@@ -1,5 +1,6 @@
-"""Built-in hardware specs: tpu-v3, a100-40gb, h100-sxm, h200-sxm (datasheets) and host-cpu
-(measured by `partir calibrate`, re-read on every lookup so a new calibration is seen).
+"""Built-in hardware specs: tpu-v3, a100-40gb, h100-sxm, h200-sxm and the DGX nodes a100-80gb
+and h100-dgx (datasheets), and host-cpu (measured by `partir calibrate`, re-read on every
+lookup so a new calibration is seen).
 
 Each spec declares the names people type as aliases ("a100", "H100", "TPUv3"; matched
 case-insensitively by the kernel). This plugin also names the default spec (host-cpu: the one
@@ -13,9 +14,10 @@ import argparse
 from partir_plugin.extend import HardwareSpec, hookimpl
 
 from .host import HOST_CPU, load_host_spec
-from .specs import A100_40GB, DATASHEET_SPECS, H100_SXM, H200_SXM, TPU_V3
+from .specs import A100_40GB, A100_80GB, DATASHEET_SPECS, H100_DGX, H100_SXM, H200_SXM, TPU_V3
 
-__all__ = ["A100_40GB", "H100_SXM", "H200_SXM", "HOST_CPU", "TPU_V3", "load_host_spec"]
+__all__ = ["A100_40GB", "A100_80GB", "H100_DGX", "H100_SXM", "H200_SXM", "HOST_CPU", "TPU_V3",
+           "load_host_spec"]
 
 
 @hookimpl

@@ -110,4 +110,47 @@ H200_SXM = dataclasses.replace(
     notes="NVIDIA H200 SXM 141GB datasheet; GPU cost structure from the H100 fit",
 )
 
-DATASHEET_SPECS = (TPU_V3, A100_40GB, H100_SXM, H200_SXM)
+# Whole nodes (`devices_per_node`, the intra- and inter-node links: cost.HardwareSpec): a
+# collective's link comes from the mesh's device order, so tensor parallelism across nodes
+# costs what it costs (docs/simulator.md, "Clusters").
+
+
+def dgx_node(gpu: HardwareSpec, nvlink_bytes_per_s: float, nic_bytes_per_s: float,
+             **changes) -> HardwareSpec:
+    """`gpu` in a DGX node of 8: NVSwitch NVLink inside (`nvlink_bytes_per_s` each way, 1 us
+    a ring step), one InfiniBand NIC per GPU across nodes (`nic_bytes_per_s` each way, 5 us),
+    as in the module docstring."""
+    return dataclasses.replace(
+        gpu,
+        links={"nvlink": LinkClass("nvlink", nvlink_bytes_per_s, 1e-6),
+               "infiniband": LinkClass("infiniband", nic_bytes_per_s, 5e-6)},
+        default_link="nvlink", devices_per_node=8, intra_node_link="nvlink",
+        inter_node_link="infiniband", **changes)
+
+
+# NVIDIA DGX A100 datasheet (80GB): 8 A100 SXM4 80GB, NVSwitch with 600 GB/s NVLink per GPU
+# (bidirectional -> 300 GB/s each way), 8 single-port ConnectX-6 200 Gb/s HDR InfiniBand
+# compute adapters (one per GPU: 25 GB/s each way per GPU). NVIDIA A100 datasheet (SXM 80GB):
+# the 40GB part's tensor-core peaks with HBM2e at 2,039 GB/s.
+A100_80GB = dgx_node(
+    A100_40GB, 300e9, 25e9,
+    name="a100-80gb",
+    aliases=("a100-80g", "a100_80gb", "dgx-a100"),
+    memory_bytes=80 * GiB,
+    memory_bandwidth_bytes_per_s=2039e9,
+    notes="NVIDIA DGX A100 (80GB) and A100 SXM4 80GB datasheets; GPU cost structure assumed "
+          "from the H100 fit",
+)
+
+# NVIDIA DGX H100 datasheet: 8 H100 SXM5 80GB, NVSwitch with 900 GB/s NVLink per GPU
+# (-> 450 GB/s each way), 8 single-port ConnectX-7 400 Gb/s NDR InfiniBand compute ports
+# (one per GPU: 50 GB/s each way per GPU); the GPU is h100-sxm's (its fit included).
+H100_DGX = dgx_node(
+    H100_SXM, 450e9, 50e9,
+    name="h100-dgx",
+    aliases=("dgx-h100", "h100_dgx"),
+    notes="NVIDIA DGX H100 and H100 SXM5 80GB datasheets; GPU cost structure fitted to "
+          "measured step times (2026-11-23, jax 0.11.2)",
+)
+
+DATASHEET_SPECS = (TPU_V3, A100_40GB, A100_80GB, H100_SXM, H100_DGX, H200_SXM)

@@ -153,7 +153,7 @@ class _Analyser:
                 owner[r] = r
                 kinds[r] = "temp"
 
-        kernels = combine_collectives(kernels, owner, self.hw, cost)
+        kernels = combine_collectives(kernels, owner, self.hw, cost, self.mesh)
         starts: list[float] | None = [] if self.timeline else None
         cost.runtime = list_schedule(kernels, owner, self.overlap, starts)
         if starts is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partir_plugin.extend import Value
+from partir_plugin.extend import Mesh, Value
 
 from .comm import ring_time
 from .costs import BlockCost, Kernel
@@ -47,7 +47,7 @@ def _key(k: Kernel, combined: frozenset[str]) -> tuple | None:
 
 
 def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], hardware,
-                        cost: BlockCost) -> list[Kernel]:
+                        cost: BlockCost, mesh: Mesh) -> list[Kernel]:
     """`kernels` with the collectives the spec's backend combines merged, in program order;
     `cost.comm_s` is corrected for the merged durations."""
     combined = frozenset(hardware.combined_collectives)
@@ -68,7 +68,7 @@ def combine_collectives(kernels: list[Kernel], owner: dict[Value, Value], hardwa
             return
         first = members[0].collective
         duration = ring_time(first.kind, group.bytes, first.group_size,
-                             hardware.links[first.link])
+                             hardware.link_for_axes(first.axes, mesh))
         cost.comm_s += duration - sum(k.duration for k in members)
         merged = Kernel(members[0].root, [v for k in members for v in k.inputs],
                         [v for k in members for v in k.outputs], "comm", duration,

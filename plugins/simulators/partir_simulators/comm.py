@@ -1,8 +1,11 @@
 """Collective cost: a ring model per group of mesh axes.
 
 Each collective runs as a ring over the k = prod(axis sizes) devices that differ only in its axes,
-limited by the slowest link class among those axes. One ring step costs the link latency; the
-bandwidth term is the bytes each device sends divided by the link bandwidth.
+limited by the slowest link class among those axes; on a spec with a cluster
+(`HardwareSpec.devices_per_node`), by the links its device groups span in the mesh
+(`HardwareSpec.link_for_axes` with the mesh: within a node, or across nodes). One ring step
+costs the link latency; the bandwidth term is the bytes each device sends divided by the link
+bandwidth.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def collective_cost(op: Op, mesh: Mesh, hardware, count: int = 1) -> CollectiveC
         k = 2
     else:
         k = _replica_group_size(op)
-    link = hardware.link_for_axes(axes)
+    link = hardware.link_for_axes(axes, mesh)
     if kind == Collective.ALL_GATHER:
         nbytes = sum(r.type.nbytes for r in op.results)
     else:
