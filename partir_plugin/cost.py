@@ -52,6 +52,8 @@ class HardwareSpec:
     `combined_collectives` (kinds such as "all_reduce") and `combine_threshold_bytes`: the
     backend's collective combiners send independent collectives of those kinds over the same
     devices as one, up to that many bytes (XLA's AllReduceCombiner and friends; 0: none).
+    `host_link`: the link between a device and its host's memory (PCIe), over which RM's
+    offload moves saved activations to host memory and back; None: no estimate of offload.
     """
 
     name: str
@@ -70,6 +72,7 @@ class HardwareSpec:
     library_reductions: bool = False
     combined_collectives: tuple[str, ...] = ()
     combine_threshold_bytes: int = 0
+    host_link: LinkClass | None = None
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -136,6 +139,9 @@ class HardwareSpec:
         kwargs["memory_bytes"] = int(data["memory_bytes"])
         kwargs["aliases"] = tuple(data.get("aliases", ()))
         kwargs["combined_collectives"] = tuple(data.get("combined_collectives", ()))
+        host = data.get("host_link")
+        kwargs["host_link"] = host if host is None or isinstance(host, LinkClass) else \
+            LinkClass(**host)
         return cls(**kwargs)
 
 

@@ -10,6 +10,7 @@ pass live). Models are small (a few layers, d 32) so each test takes seconds.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import flax.linen as nn
 import jax
@@ -235,3 +236,38 @@ def test_no_layer_loop_is_refused():
 def test_policy_none_changes_nothing():
     (bp, _), (none, rows) = _mlp("BP"), _mlp("BP,RM(none)")
     assert none == bp and rows[-1].rematerialization is None
+
+
+# -- offload ------------------------------------------------------------------------------------
+
+def test_offload_on_cpu_is_refused_without_a_host_link():
+    """jax 0.10 lowers moves to host memory on TPU and GPU only; on XLA:CPU they vanish, so
+    offload would silently keep everything on the device."""
+    assert jax.default_backend() == "cpu"
+    step, _ = partir.jit(mlp_step, {"batch": 4}, [BP(), RM("dots", offload=True)])
+    with pytest.raises(PartitionError, match=r"offload=True needs a backend with host memory "
+                                             r"kinds.*XLA:CPU.*host_link"):
+        step(_mlp_params(), _mlp_batch())
+
+
+def test_offload_estimated_for_a_spec_with_a_host_link():
+    """For hardware with a host link (h100: PCIe Gen5) the program keeps jax's moves to host
+    memory (`annotate_device_placement`), partitions them like the values they move, and the
+    estimate charges their transfers; run on CPU it computes jax.jit's numbers (and warns
+    that nothing is offloaded there)."""
+    args, mesh = (_mlp_params(), _mlp_batch()), {"batch": 4}
+    rows = {}
+    for name, rm in (("dots", RM("dots")), ("offload", RM("dots", offload=True))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            matched = assert_matches_jax_jit(mlp_step, args, mesh, [BP(), rm], hardware="h100",
+                                             what=f"MLP [BP, RM({name})]")
+            rows[name] = matched.meta.tactics[-1]
+        warned = [w for w in caught if "keeps its residuals on the device" in str(w.message)]
+        assert bool(warned) == (name == "offload"), [str(w.message) for w in caught]
+    hlo = matched.meta.device_local_stablehlo
+    assert hlo.count("annotate_device_placement") >= 2, "no moves to host memory and back"
+    assert not rows["offload"].unsupported_ops, rows["offload"].unsupported_ops
+    assert rows["offload"].rematerialization.offloaded_bytes > 0
+    assert rows["dots"].rematerialization.offloaded_bytes == 0
+    assert rows["offload"].estimated_runtime_s > rows["dots"].estimated_runtime_s

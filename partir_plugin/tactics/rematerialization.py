@@ -9,13 +9,17 @@ so every tactic composes with it and the simulator charges it as any other op; p
 
 Offload (`offload=True`) keeps the saved residuals in host memory (`pinned_host`) instead of
 device memory: jax moves them there and back (`device_put` to a memory space, lowered as
-`annotate_device_placement` custom calls on TPU and GPU).
+`annotate_device_placement` custom calls on TPU and GPU). XLA:CPU has no such lowering in jax
+0.10 (the moves vanish): there RM refuses offload, unless the step is estimated for a spec
+with a `host_link` (`host_offload`: the program shows the moves, the simulator charges them,
+and the step, if run on CPU, keeps its residuals on the device).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +29,7 @@ from jax.extend import core as jex_core
 from ..core.actions import TacticContext
 from ..errors import PartitionError
 from .base import Tactic
+from .host_offload import backend_offloads, showing_moves
 from .layer_loop import LayerLoopHook, ScanCall
 
 
@@ -56,6 +61,10 @@ def jax_policy(policy: Policy, names: tuple[str, ...], offload: bool) -> Callabl
             Policy.ALL_DOTS: cp.dots_saveable,
             Policy.NAMES: cp.save_only_these_names(*names),
             Policy.NONE: cp.everything_saveable}[policy]
+
+
+class OffloadWarning(UserWarning):
+    """RM's offload is estimated but will not happen on the backend that runs the step."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,18 @@ class _RematHook(LayerLoopHook):
 
     def entered(self) -> _RematRun:
         return self.run
+
+    def __enter__(self) -> _RematRun:
+        # Offloading: the moves to host memory stay in the program on every backend.
+        self._moves = showing_moves() if self.tactic.offload else None
+        if self._moves is not None:
+            self._moves.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        if self._moves is not None:
+            self._moves.__exit__(*exc)
 
     def found(self, call: ScanCall) -> None:
         self.run.found.site = call.site
@@ -292,8 +313,36 @@ class _RematRun(Tactic):
                 f"nnx.scan or a plain lax.scan write it; the traced step has none"
                 + ("" if not found.passed_over else " (passed over: "
                    + "; ".join(found.passed_over) + ")"))
+        if rm.offload:
+            self._check_offload(ctx)
         ctx.rematerialization = found.figures
         ctx.state.notes.append(self.describe())
+
+    def _check_offload(self, ctx: TacticContext) -> None:
+        """Offload where jax cannot lower it (XLA:CPU): refused, unless the step is estimated
+        for a spec with a host link (then a warning says the CPU run keeps the residuals)."""
+        from ..plugin.resolve import resolve_hardware_option
+
+        rm, platform = self.tactic, jax.default_backend()
+        spec = resolve_hardware_option(ctx.hardware)
+        link = getattr(spec, "host_link", None)
+        if backend_offloads(platform):
+            if link is None and spec is not None:
+                ctx.state.notes.append(f"{rm.name}: hardware {spec.name!r} has no host_link: "
+                                       f"the estimate charges nothing for the offload moves")
+            return
+        if link is None:
+            raise PartitionError(
+                f"{rm.name}: offload=True needs a backend with host memory kinds: jax "
+                f"{jax.__version__} lowers moves to host memory ('{HOST_MEMORY}') on TPU and "
+                f"GPU only, and on XLA:{platform.upper()} drops them, so the residuals would "
+                f"stay on the device. Run on a GPU or TPU, or estimate the step for one with "
+                f"hardware= a spec with a host_link (e.g. 'h100')")
+        warnings.warn(f"{rm.name}: offload estimated for {spec.name!r} (host link "
+                      f"{link.bandwidth_bytes_per_s / 1e9:.0f} GB/s); run on "
+                      f"XLA:{platform.upper()}, the step keeps its residuals on the device "
+                      f"(jax lowers no moves to host memory there)", OffloadWarning,
+                      stacklevel=2)
 
     def describe(self) -> str:
         rm, found = self.tactic, self.found
