@@ -30,7 +30,7 @@ from ..core.actions import TacticContext
 from ..errors import PartitionError
 from .base import Tactic
 from .host_offload import backend_offloads, showing_moves
-from .layer_loop import LayerLoopHook, ScanCall
+from .layer_loop import LayerLoopHook, LoopRun, ScanCall, no_layer_loop
 
 
 class Policy(enum.Enum):
@@ -290,15 +290,11 @@ def _figures(fn: Callable, checkpointed: Callable, args: tuple, trips: int,
 
 
 @dataclass(frozen=True, eq=False)
-class _RematRun(Tactic):
+class _RematRun(LoopRun):
     """RM on one trace: the tactic's options with what that trace found (`_Found`)."""
 
     tactic: Rematerialization
     found: _Found
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.tactic.name
 
     def apply(self, ctx: TacticContext) -> None:
         rm, found = self.tactic, self.found
@@ -306,13 +302,7 @@ class _RematRun(Tactic):
             ctx.state.notes.append(f"{rm.name}: policy 'none': nothing rematerialized")
             return
         if found.site is None:
-            raise PartitionError(
-                f"{rm.name}: no layer loop found: RM rematerializes the body of a "
-                f"`jax.lax.scan` over stacked layers (parameters with a leading [L] "
-                f"dimension passed as the scan's xs, a batch-major carry), as Flax nn.scan, "
-                f"nnx.scan or a plain lax.scan write it; the traced step has none"
-                + ("" if not found.passed_over else " (passed over: "
-                   + "; ".join(found.passed_over) + ")"))
+            raise no_layer_loop(rm.name, "rematerializes the body of", found.passed_over)
         if rm.offload:
             self._check_offload(ctx)
         ctx.rematerialization = found.figures
