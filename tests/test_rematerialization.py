@@ -179,6 +179,38 @@ def test_flax_nn_scan_lm_under_bp_rm():
     assert full <= bp / 2, f"RM('full') temporaries {full} B, [BP]'s {bp} B: not halved"
 
 
+class DropoutBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        h = nn.Dropout(0.1, deterministic=False)(nn.gelu(nn.Dense(F, name="up")(x)))
+        return x + nn.Dense(D, name="down")(h), None
+
+
+class DropoutStack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        blocks = nn.scan(DropoutBlock, variable_axes={"params": 0},
+                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                         length=LAYERS)(name="blocks")
+        return blocks(x, None)[0]
+
+
+def test_flax_dropout_in_the_scanned_body_keeps_jax_jit_keys():
+    """RM traces the layer body more than once (its figures, the names it checks): Flax
+    counts the keys its scopes draw per trace, so those traces must leave the counters as
+    they found them, or the dropout masks would differ from jax.jit's."""
+    x = _mlp_batch()["x"]
+    params = DropoutStack().init({"params": jax.random.PRNGKey(0),
+                                  "dropout": jax.random.PRNGKey(1)}, x)["params"]
+
+    def step(params, batch, rng):
+        return jax.value_and_grad(lambda p: jnp.mean(DropoutStack().apply(
+            {"params": p}, batch["x"], rngs={"dropout": rng}) ** 2))(params)
+
+    _run(step, (params, {"x": x}, jax.random.PRNGKey(7)), {"batch": 4}, [BP(), RM("full")],
+         "nn.scan with Dropout [BP, RM]")
+
+
 @pytest.mark.slow  # compiles a pipelined LM step; [PP, BP, RM] is also checked on the MLP
 def test_flax_nn_scan_lm_under_pp_bp_rm():
     step, args = _lm()

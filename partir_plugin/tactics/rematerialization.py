@@ -22,6 +22,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 from jax.extend import core as jex_core
@@ -72,7 +73,7 @@ class RematerializationFigures:
     """What RM changes in the step, counted on jax's trace of its unit of work (the loop body,
     or with PP the stage body of one iteration) times the loop's trip count, for the whole
     batch before partitioning (a device holds its share of it): the residuals the backward
-    pass keeps with and without RM (`jax.ad_checkpoint.saved_residuals`), those RM keeps in
+    pass keeps with and without RM (jax's `saved_residuals`), those RM keeps in
     host memory, and the FLOPs of the forward work the backward pass does again (the vjp's
     FLOPs with RM minus without: matmuls 2·M·N·K, other arithmetic one per element)."""
 
@@ -180,35 +181,60 @@ class _RematHook(LayerLoopHook):
 
     def found(self, call: ScanCall) -> None:
         self.run.found.site = call.site
-        if self.tactic.chosen is Policy.NAMES:
-            _check_names(self.tactic, call)
 
     def remat(self, fn: Callable, trips: int, unit: str) -> Callable:
         rm, found = self.tactic, self.run.found
         policy = jax_policy(rm.chosen, rm.names, rm.offload)
-        # The unit is a loop body: the loop keeps XLA from merging the recomputation with
-        # the forward pass, so no optimization barrier is needed (jax.checkpoint's docs).
-        checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=False)
 
         def unit_of_work(*args):
+            # `fn` is traced once, as the loop alone would trace it (a Flax body counts the
+            # random keys it draws per trace); RM's checks, figures and checkpoint read that
+            # trace.
+            pure = _traced_once(fn, args)
+            if rm.chosen is Policy.NAMES:
+                _check_names(rm, pure.jaxpr, found.site)
+            # The unit is a loop body: the loop keeps XLA from merging the recomputation
+            # with the forward pass, so no optimization barrier is needed (jax.checkpoint's
+            # docs).
+            checkpointed = jax.checkpoint(pure, policy=policy, prevent_cse=False)
             if found.figures is None:
-                found.figures = _figures(fn, checkpointed, args, trips, unit)
+                found.figures = _figures(pure, checkpointed, args, trips, unit)
             return checkpointed(*args)
 
         return unit_of_work
 
 
-def _check_names(rm: Rematerialization, call: ScanCall) -> None:
-    """Every name RM saves is tagged in the layer body (`checkpoint_name`): a name that
+@dataclass(frozen=True)
+class _Traced:
+    """A function traced once (its jaxpr and output structure), callable without tracing it
+    again."""
+
+    closed: jex_core.ClosedJaxpr
+    out_tree: Any
+
+    @property
+    def jaxpr(self):
+        return self.closed.jaxpr
+
+    def __call__(self, *args):
+        out = jex_core.jaxpr_as_fun(self.closed)(*jax.tree.leaves(args))
+        return jax.tree.unflatten(self.out_tree, out)
+
+
+def _traced_once(fn: Callable, args: tuple) -> _Traced:
+    closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    return _Traced(closed, jax.tree.structure(shape))
+
+
+def _check_names(rm: Rematerialization, jaxpr, site: str | None) -> None:
+    """Every name RM saves is tagged in the loop's body (`checkpoint_name`): a name that
     matches nothing would silently recompute everything."""
-    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), call.xs)
-    jaxpr = jax.make_jaxpr(lambda c, x: call.body(c, x))(call.init, layer).jaxpr
     tagged = sorted(_names_in(jaxpr))
     missing = [n for n in rm.names if n not in tagged]
     if missing:
         raise PartitionError(
             f"{rm.name}: names {missing} are not tagged in the layer body of the scan at "
-            f"{call.site} (tag a value with jax.ad_checkpoint.checkpoint_name(x, name); "
+            f"{site} (tag a value with jax.ad_checkpoint.checkpoint_name(x, name); "
             f"tagged there: {tagged or 'none'})")
 
 
