@@ -19,9 +19,10 @@ buy does not exist.
 Estimated: T32 (the paper's 32-layer transformer, batch 48, scanned) on 64 devices, by the
 analytical simulator on `--hardware` (default h100-sxm): [BP, MP, Z3] on {batch: 8, model:
 8}, [PP, BP] on {stage: 8, batch: 8} and [PP, BP, MP] on {stage: 4, batch: 8, model: 2}
-with M = 6 (48 = 6 microbatches of 8, one row per data shard), nothing run. The estimate charges
-the bubble (idle stages compute on zeros in the pipelined program) and every permute on the
-critical path of each iteration.
+with M = 6 (48 = 6 microbatches of 8, one row per data shard), and the first and last with RM
+(full rematerialization of each layer, or with PP of each pipeline iteration), nothing run.
+The estimate charges the bubble (idle stages compute on zeros in the pipelined program),
+every permute on the critical path of each iteration, and the recomputation.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def measure(rows: dict[str, Row], reps: int, steps: int) -> None:
 
 
 def estimate(hardware: str) -> list[tuple]:
-    """T32 on 64 devices, three schedules, by the simulator (nothing runs)."""
+    """T32 on 64 devices, five schedules, by the simulator (nothing runs)."""
     import jax
 
     import partir_plugin as partir
@@ -131,6 +132,10 @@ def estimate(hardware: str) -> list[tuple]:
          [partir.tactic("PP", axis="stage", microbatches=6), bp()]),
         ("[PP, BP, MP] M=6", {"stage": 4, "batch": 8, "model": 2},
          [partir.tactic("PP", axis="stage", microbatches=6), bp(), mp()]),
+        ("[BP, MP, Z3, RM]", {"batch": 8, "model": 8},
+         [bp(), mp(), partir.tactic("Z3", axis="batch"), partir.tactic("RM")]),
+        ("[PP, BP, MP, RM] M=6", {"stage": 4, "batch": 8, "model": 2},
+         [partir.tactic("PP", axis="stage", microbatches=6), bp(), mp(), partir.tactic("RM")]),
     ]
     out = []
     for name, mesh, schedule in cases:

@@ -66,6 +66,9 @@ class HardwareSpec:
     intra-node link's) and paying the slower latency (`link_for_axes` with a mesh).
     `axis_links` overrides the mapping for the axes it names; without `devices_per_node`
     every axis uses `axis_links` or `default_link` (one node of any size).
+
+    `host_link`: the link between a device and its host's memory (PCIe), over which RM's
+    offload moves saved activations to host memory and back; None: no estimate of offload.
     """
 
     name: str
@@ -87,6 +90,7 @@ class HardwareSpec:
     devices_per_node: int | None = None
     intra_node_link: str | None = None
     inter_node_link: str | None = None
+    host_link: LinkClass | None = None
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -187,6 +191,9 @@ class HardwareSpec:
         kwargs["memory_bytes"] = int(data["memory_bytes"])
         kwargs["aliases"] = tuple(data.get("aliases", ()))
         kwargs["combined_collectives"] = tuple(data.get("combined_collectives", ()))
+        host = data.get("host_link")
+        kwargs["host_link"] = host if host is None or isinstance(host, LinkClass) else \
+            LinkClass(**host)
         return cls(**kwargs)
 
 

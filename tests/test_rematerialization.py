@@ -10,6 +10,7 @@ pass live). Models are small (a few layers, d 32) so each test takes seconds.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import flax.linen as nn
 import jax
@@ -178,6 +179,38 @@ def test_flax_nn_scan_lm_under_bp_rm():
     assert full <= bp / 2, f"RM('full') temporaries {full} B, [BP]'s {bp} B: not halved"
 
 
+class DropoutBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        h = nn.Dropout(0.1, deterministic=False)(nn.gelu(nn.Dense(F, name="up")(x)))
+        return x + nn.Dense(D, name="down")(h), None
+
+
+class DropoutStack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        blocks = nn.scan(DropoutBlock, variable_axes={"params": 0},
+                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                         length=LAYERS)(name="blocks")
+        return blocks(x, None)[0]
+
+
+def test_flax_dropout_in_the_scanned_body_keeps_jax_jit_keys():
+    """RM traces the layer body more than once (its figures, the names it checks): Flax
+    counts the keys its scopes draw per trace, so those traces must leave the counters as
+    they found them, or the dropout masks would differ from jax.jit's."""
+    x = _mlp_batch()["x"]
+    params = DropoutStack().init({"params": jax.random.PRNGKey(0),
+                                  "dropout": jax.random.PRNGKey(1)}, x)["params"]
+
+    def step(params, batch, rng):
+        return jax.value_and_grad(lambda p: jnp.mean(DropoutStack().apply(
+            {"params": p}, batch["x"], rngs={"dropout": rng}) ** 2))(params)
+
+    _run(step, (params, {"x": x}, jax.random.PRNGKey(7)), {"batch": 4}, [BP(), RM("full")],
+         "nn.scan with Dropout [BP, RM]")
+
+
 @pytest.mark.slow  # compiles a pipelined LM step; [PP, BP, RM] is also checked on the MLP
 def test_flax_nn_scan_lm_under_pp_bp_rm():
     step, args = _lm()
@@ -235,3 +268,38 @@ def test_no_layer_loop_is_refused():
 def test_policy_none_changes_nothing():
     (bp, _), (none, rows) = _mlp("BP"), _mlp("BP,RM(none)")
     assert none == bp and rows[-1].rematerialization is None
+
+
+# -- offload ------------------------------------------------------------------------------------
+
+def test_offload_on_cpu_is_refused_without_a_host_link():
+    """jax 0.10 lowers moves to host memory on TPU and GPU only; on XLA:CPU they vanish, so
+    offload would silently keep everything on the device."""
+    assert jax.default_backend() == "cpu"
+    step, _ = partir.jit(mlp_step, {"batch": 4}, [BP(), RM("dots", offload=True)])
+    with pytest.raises(PartitionError, match=r"offload=True needs a backend with host memory "
+                                             r"kinds.*XLA:CPU.*host_link"):
+        step(_mlp_params(), _mlp_batch())
+
+
+def test_offload_estimated_for_a_spec_with_a_host_link():
+    """For hardware with a host link (h100: PCIe Gen5) the program keeps jax's moves to host
+    memory (`annotate_device_placement`), partitions them like the values they move, and the
+    estimate charges their transfers; run on CPU it computes jax.jit's numbers (and warns
+    that nothing is offloaded there)."""
+    args, mesh = (_mlp_params(), _mlp_batch()), {"batch": 4}
+    rows = {}
+    for name, rm in (("dots", RM("dots")), ("offload", RM("dots", offload=True))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            matched = assert_matches_jax_jit(mlp_step, args, mesh, [BP(), rm], hardware="h100",
+                                             what=f"MLP [BP, RM({name})]")
+            rows[name] = matched.meta.tactics[-1]
+        warned = [w for w in caught if "keeps its residuals on the device" in str(w.message)]
+        assert bool(warned) == (name == "offload"), [str(w.message) for w in caught]
+    hlo = matched.meta.device_local_stablehlo
+    assert hlo.count("annotate_device_placement") >= 2, "no moves to host memory and back"
+    assert not rows["offload"].unsupported_ops, rows["offload"].unsupported_ops
+    assert rows["offload"].rematerialization.offloaded_bytes > 0
+    assert rows["dots"].rematerialization.offloaded_bytes == 0
+    assert rows["offload"].estimated_runtime_s > rows["dots"].estimated_runtime_s

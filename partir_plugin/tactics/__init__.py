@@ -1,6 +1,8 @@
 """Tactics: what a schedule is made of (`base.Tactic`), the user's own (`manual`), a
-searcher's (`automatic`), pipeline parallelism (`pipeline_parallel`), and the presets plugins
-contribute, built by name (`tactic`)."""
+searcher's (`automatic`), the layer loop found while the step is traced (`layer_loop`) and the
+tactics that change it: pipeline parallelism (`pipeline_parallel`) and rematerialization
+(`rematerialization`, with `host_offload`); and the presets plugins contribute, built by name
+(`tactic`)."""
 
 from __future__ import annotations
 

@@ -14,13 +14,13 @@ import contextvars
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 from jax import lax
 
-if TYPE_CHECKING:
-    from .base import Tactic
+from ..errors import PartitionError
+from .base import Tactic
 
 # (the loop's unit of work, how many times the loop runs it, what it is) -> the same function,
 # rematerialized
@@ -55,6 +55,29 @@ def why_not_layer_loop(init, xs) -> str | None:
     if not any(getattr(c, "ndim", 0) >= 1 for c in carry_leaves):
         return "its carry holds no array with a batch dimension"
     return None
+
+
+@dataclass(frozen=True, eq=False)
+class LoopRun(Tactic):
+    """A layer-loop tactic on one trace (what its hook's `entered` gives): the tactic's
+    options, `tactic`, with what that trace found (a subclass's field)."""
+
+    tactic: Any
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.tactic.name
+
+
+def no_layer_loop(name: str, does: str, passed_over: list[str]) -> PartitionError:
+    """The error of a layer-loop tactic `name` on a step with no layer loop; `does` says what
+    it does to one ("pipelines", "rematerializes the body of")."""
+    return PartitionError(
+        f"{name}: no layer loop found: {name} {does} a `jax.lax.scan` over stacked layers "
+        f"(parameters with a leading [L] dimension passed as the scan's xs, a batch-major "
+        f"carry), as Flax nn.scan, nnx.scan or a plain lax.scan write it; the traced step "
+        f"has none" + ("" if not passed_over else " (passed over: " + "; ".join(passed_over)
+                       + ")"))
 
 
 @dataclass

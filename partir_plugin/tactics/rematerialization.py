@@ -9,15 +9,20 @@ so every tactic composes with it and the simulator charges it as any other op; p
 
 Offload (`offload=True`) keeps the saved residuals in host memory (`pinned_host`) instead of
 device memory: jax moves them there and back (`device_put` to a memory space, lowered as
-`annotate_device_placement` custom calls on TPU and GPU).
+`annotate_device_placement` custom calls on TPU and GPU). XLA:CPU has no such lowering in jax
+0.10 (the moves vanish): there RM refuses offload, unless the step is estimated for a spec
+with a `host_link` (`host_offload`: the program shows the moves, the simulator charges them,
+and the step, if run on CPU, keeps its residuals on the device).
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 from jax.extend import core as jex_core
@@ -25,7 +30,8 @@ from jax.extend import core as jex_core
 from ..core.actions import TacticContext
 from ..errors import PartitionError
 from .base import Tactic
-from .layer_loop import LayerLoopHook, ScanCall
+from .host_offload import backend_offloads, showing_moves
+from .layer_loop import LayerLoopHook, LoopRun, ScanCall, no_layer_loop
 
 
 class Policy(enum.Enum):
@@ -58,12 +64,16 @@ def jax_policy(policy: Policy, names: tuple[str, ...], offload: bool) -> Callabl
             Policy.NONE: cp.everything_saveable}[policy]
 
 
+class OffloadWarning(UserWarning):
+    """RM's offload is estimated but will not happen on the backend that runs the step."""
+
+
 @dataclass(frozen=True)
 class RematerializationFigures:
     """What RM changes in the step, counted on jax's trace of its unit of work (the loop body,
     or with PP the stage body of one iteration) times the loop's trip count, for the whole
     batch before partitioning (a device holds its share of it): the residuals the backward
-    pass keeps with and without RM (`jax.ad_checkpoint.saved_residuals`), those RM keeps in
+    pass keeps with and without RM (jax's `saved_residuals`), those RM keeps in
     host memory, and the FLOPs of the forward work the backward pass does again (the vjp's
     FLOPs with RM minus without: matmuls 2·M·N·K, other arithmetic one per element)."""
 
@@ -157,37 +167,74 @@ class _RematHook(LayerLoopHook):
     def entered(self) -> _RematRun:
         return self.run
 
+    def __enter__(self) -> _RematRun:
+        # Offloading: the moves to host memory stay in the program on every backend.
+        self._moves = showing_moves() if self.tactic.offload else None
+        if self._moves is not None:
+            self._moves.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        if self._moves is not None:
+            self._moves.__exit__(*exc)
+
     def found(self, call: ScanCall) -> None:
         self.run.found.site = call.site
-        if self.tactic.chosen is Policy.NAMES:
-            _check_names(self.tactic, call)
 
     def remat(self, fn: Callable, trips: int, unit: str) -> Callable:
         rm, found = self.tactic, self.run.found
         policy = jax_policy(rm.chosen, rm.names, rm.offload)
-        # The unit is a loop body: the loop keeps XLA from merging the recomputation with
-        # the forward pass, so no optimization barrier is needed (jax.checkpoint's docs).
-        checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=False)
 
         def unit_of_work(*args):
+            # `fn` is traced once, as the loop alone would trace it (a Flax body counts the
+            # random keys it draws per trace); RM's checks, figures and checkpoint read that
+            # trace.
+            pure = _traced_once(fn, args)
+            if rm.chosen is Policy.NAMES:
+                _check_names(rm, pure.jaxpr, found.site)
+            # The unit is a loop body: the loop keeps XLA from merging the recomputation
+            # with the forward pass, so no optimization barrier is needed (jax.checkpoint's
+            # docs).
+            checkpointed = jax.checkpoint(pure, policy=policy, prevent_cse=False)
             if found.figures is None:
-                found.figures = _figures(fn, checkpointed, args, trips, unit)
+                found.figures = _figures(pure, checkpointed, args, trips, unit)
             return checkpointed(*args)
 
         return unit_of_work
 
 
-def _check_names(rm: Rematerialization, call: ScanCall) -> None:
-    """Every name RM saves is tagged in the layer body (`checkpoint_name`): a name that
+@dataclass(frozen=True)
+class _Traced:
+    """A function traced once (its jaxpr and output structure), callable without tracing it
+    again."""
+
+    closed: jex_core.ClosedJaxpr
+    out_tree: Any
+
+    @property
+    def jaxpr(self):
+        return self.closed.jaxpr
+
+    def __call__(self, *args):
+        out = jex_core.jaxpr_as_fun(self.closed)(*jax.tree.leaves(args))
+        return jax.tree.unflatten(self.out_tree, out)
+
+
+def _traced_once(fn: Callable, args: tuple) -> _Traced:
+    closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    return _Traced(closed, jax.tree.structure(shape))
+
+
+def _check_names(rm: Rematerialization, jaxpr, site: str | None) -> None:
+    """Every name RM saves is tagged in the loop's body (`checkpoint_name`): a name that
     matches nothing would silently recompute everything."""
-    layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), call.xs)
-    jaxpr = jax.make_jaxpr(lambda c, x: call.body(c, x))(call.init, layer).jaxpr
     tagged = sorted(_names_in(jaxpr))
     missing = [n for n in rm.names if n not in tagged]
     if missing:
         raise PartitionError(
             f"{rm.name}: names {missing} are not tagged in the layer body of the scan at "
-            f"{call.site} (tag a value with jax.ad_checkpoint.checkpoint_name(x, name); "
+            f"{site} (tag a value with jax.ad_checkpoint.checkpoint_name(x, name); "
             f"tagged there: {tagged or 'none'})")
 
 
@@ -269,15 +316,11 @@ def _figures(fn: Callable, checkpointed: Callable, args: tuple, trips: int,
 
 
 @dataclass(frozen=True, eq=False)
-class _RematRun(Tactic):
+class _RematRun(LoopRun):
     """RM on one trace: the tactic's options with what that trace found (`_Found`)."""
 
     tactic: Rematerialization
     found: _Found
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.tactic.name
 
     def apply(self, ctx: TacticContext) -> None:
         rm, found = self.tactic, self.found
@@ -285,15 +328,37 @@ class _RematRun(Tactic):
             ctx.state.notes.append(f"{rm.name}: policy 'none': nothing rematerialized")
             return
         if found.site is None:
-            raise PartitionError(
-                f"{rm.name}: no layer loop found: RM rematerializes the body of a "
-                f"`jax.lax.scan` over stacked layers (parameters with a leading [L] "
-                f"dimension passed as the scan's xs, a batch-major carry), as Flax nn.scan, "
-                f"nnx.scan or a plain lax.scan write it; the traced step has none"
-                + ("" if not found.passed_over else " (passed over: "
-                   + "; ".join(found.passed_over) + ")"))
+            raise no_layer_loop(rm.name, "rematerializes the body of", found.passed_over)
+        if rm.offload:
+            self._check_offload(ctx)
         ctx.rematerialization = found.figures
         ctx.state.notes.append(self.describe())
+
+    def _check_offload(self, ctx: TacticContext) -> None:
+        """Offload where jax cannot lower it (XLA:CPU): refused, unless the step is estimated
+        for a spec with a host link (then a warning says the CPU run keeps the residuals)."""
+        from ..plugin.resolve import resolve_hardware_option
+
+        rm, platform = self.tactic, jax.default_backend()
+        spec = resolve_hardware_option(ctx.hardware)
+        link = getattr(spec, "host_link", None)
+        if backend_offloads(platform):
+            if link is None and spec is not None:
+                ctx.state.notes.append(f"{rm.name}: hardware {spec.name!r} has no host_link: "
+                                       f"the estimate charges nothing for the offload moves")
+            return
+        if link is None:
+            raise PartitionError(
+                f"{rm.name}: offload=True needs a backend with host memory kinds: jax "
+                f"{jax.__version__} lowers moves to host memory ('{HOST_MEMORY}') on TPU and "
+                f"GPU only, and on XLA:{platform.upper()} drops them, so the residuals would "
+                f"stay on the device. Run on a GPU or TPU, or estimate the step for one with "
+                f"hardware= a spec with a host_link (e.g. 'h100')")
+        warnings.warn(f"{rm.name}: offload estimated for {spec.name!r} (host link "
+                      f"{link.bandwidth_bytes_per_s / 1e9:.0f} GB/s); run on "
+                      f"XLA:{platform.upper()}, the step keeps its residuals on the device "
+                      f"(jax lowers no moves to host memory there)", OffloadWarning,
+                      stacklevel=2)
 
     def describe(self) -> str:
         rm, found = self.tactic, self.found

@@ -33,7 +33,15 @@ from ...core.mesh import Mesh
 from ...errors import PartitionError
 from ...markers import interleave, roll, tag
 from ..base import Tactic
-from ..layer_loop import LayerLoopHook, Remat, ScanCall, call_site, original_scan
+from ..layer_loop import (
+    LayerLoopHook,
+    LoopRun,
+    Remat,
+    ScanCall,
+    call_site,
+    no_layer_loop,
+    original_scan,
+)
 from .layer_program import KeptState, LayerProgram
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
@@ -508,27 +516,17 @@ class PipelineParallel(Tactic):
 
 
 @dataclass(frozen=True, eq=False)
-class _PipelineRun(Tactic):
+class _PipelineRun(LoopRun):
     """PP on one trace: the tactic's options with what that trace found (`_LayerLoop`)."""
 
     tactic: PipelineParallel
     loop: _LayerLoop
 
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.tactic.name
-
     def apply(self, ctx: TacticContext) -> None:
         pp, loop = self.tactic, self.loop
         ctx.mesh.check_axis(pp.axis)
         if loop.found is None or LAYERS_TAG not in ctx.state.tags:
-            raise PartitionError(
-                f"{pp.name}: no layer loop found: PP pipelines a `jax.lax.scan` over stacked "
-                f"layers (parameters with a leading [L] dimension passed as the scan's xs, "
-                f"a batch-major carry), as Flax nn.scan, nnx.scan or a plain lax.scan write "
-                f"it; the traced step has none"
-                + ("" if not loop.passed_over else " (passed over: "
-                   + "; ".join(loop.passed_over) + ")"))
+            raise no_layer_loop(pp.name, "pipelines", loop.passed_over)
         if ctx.mesh.axis_size(pp.axis) == 1:
             # One stage: gradient accumulation over the microbatches, nothing to place on
             # stages (tiling on an axis of one device would only add no-op collectives).

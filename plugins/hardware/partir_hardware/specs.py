@@ -70,6 +70,9 @@ A100_40GB = HardwareSpec(
     links={"nvlink": LinkClass("nvlink", 300e9, 1e-6),
            "network": LinkClass("network", 25e9, 5e-6)},
     default_link="nvlink",
+    # A100 datasheet: PCIe Gen4, 64 GB/s bidirectional (x16) -> 32 GB/s each way to host
+    # memory (RM's offload); latency assumed, as the NVLink one.
+    host_link=LinkClass("pcie", 32e9, 1e-6),
     # Not measured on an A100: the H100 fit's structure (same CUDA runtime, same kind of
     # tensor-core GEMMs and HBM), an assumption until `partir calibrate` runs on one.
     **H100_FIT,
@@ -93,6 +96,9 @@ H100_SXM = HardwareSpec(
     links={"nvlink": LinkClass("nvlink", 450e9, 1e-6),
            "network": LinkClass("network", 50e9, 5e-6)},
     default_link="nvlink",
+    # H100 SXM datasheet: PCIe Gen5, 128 GB/s bidirectional (x16) -> 64 GB/s each way to host
+    # memory (RM's offload; the H200 has the same); latency assumed.
+    host_link=LinkClass("pcie", 64e9, 1e-6),
     **H100_FIT,
     **XLA_GPU_COMBINERS,
     notes="NVIDIA H100 SXM5 80GB datasheet; GPU cost structure fitted to measured step times "

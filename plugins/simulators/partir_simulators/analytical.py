@@ -151,7 +151,7 @@ class _Analyser:
                 kernels[-1].inputs = [copy.results[0]]
             for r in results:
                 owner[r] = r
-                kinds[r] = "temp"
+                kinds[r] = "host" if opcost.placement(op) == "pinned_host" else "temp"
 
         kernels = combine_collectives(kernels, owner, self.hw, cost, self.mesh)
         starts: list[float] | None = [] if self.timeline else None
@@ -223,6 +223,11 @@ class _Analyser:
             written = sum(nbytes(r) for r in root.results)
         moved = sum(reads.values()) + written
         memory = hw.memory_seconds(moved)
+        link = getattr(hw, "host_link", None)
+        if link is not None and opcost.placement(root) is not None:
+            # A move to host memory or back (RM's offload): the array crosses the host link
+            # once, on the compute stream (no overlap with compute is assumed).
+            memory = max(memory, written / link.bandwidth_bytes_per_s + link.latency_s)
         duration = max(compute, memory) + hw.kernel_overhead_s
         cost.bytes += moved
         cost.kernels += 1

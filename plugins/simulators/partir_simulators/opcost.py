@@ -49,6 +49,22 @@ ZERO_FLOP = MOVEMENT | VIEWS | FREE | {
     "uniform_dequantize",
 }
 
+# The custom call of a move between memory kinds (jax's `device_put` to a memory kind: RM's
+# offload to `pinned_host` and back) and the attribute naming where its result lives.
+PLACEMENT_TARGET = "annotate_device_placement"
+_PLACEMENT = re.compile(r'_xla_buffer_placement\s*=\s*"([^"]*)"')
+
+
+def placement(op: Op) -> str | None:
+    """The memory kind a move between memory kinds puts its result in ("pinned_host",
+    "device"), or None for any other op."""
+    if (SHORT_NAMES[op.name] != "custom_call"
+            or PLACEMENT_TARGET not in op.attributes.get("call_target_name", "")):
+        return None
+    m = _PLACEMENT.search(op.attributes.get("mhlo.frontend_attributes", ""))
+    return m.group(1) if m else None
+
+
 # Transcendentals cost several vector flops; the compute time charges this many per element.
 TRANSCENDENTAL_FLOPS = 4.0
 

@@ -29,7 +29,19 @@ def elementwise_rule(op: Op) -> list[TMREntry] | None:
             for d, size in enumerate(shape) if size > 1]
 
 
+# The custom call of a move between memory kinds (jax's `device_put` to `pinned_host` and
+# back, e.g. RM's offload): the same array elsewhere, so every dimension passes through.
+PLACEMENT_TARGET = "annotate_device_placement"
+
+
+def placement_rule(op: Op) -> list[TMREntry] | None:
+    if PLACEMENT_TARGET not in op.attributes.get("call_target_name", ""):
+        return None
+    return elementwise_rule(op)
+
+
 @hookimpl
 def partir_add_tmr_rules(registry: TileMappingRegistry) -> None:
     for name in CHLO_ELEMENTWISE:
         registry.register(name, elementwise_rule)
+    registry.register("stablehlo.custom_call", placement_rule)
