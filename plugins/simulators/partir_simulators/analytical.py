@@ -86,7 +86,8 @@ class _Analyser:
         self.vector_rates: dict[str, float] = {}  # element type -> hw.vector_flops_for
 
     # -- one block -------------------------------------------------------------------------
-    def block(self, block: Block, returns: Sequence[Value], *, top: bool = False) -> BlockCost:
+    def block(self, block: Block, returns: Sequence[Value], *, top: bool = False,
+              carried: Sequence[Value] = ()) -> BlockCost:
         names = SHORT_NAMES
         ops = [op for op in block.ops if names[op.name] not in TERMINATORS]
         ops = _live_ops(ops, returns)
@@ -158,7 +159,7 @@ class _Analyser:
         cost.runtime = list_schedule(kernels, owner, self.overlap, starts)
         if starts is not None:
             cost.timeline = timeline_events(kernels, starts)
-        assign_buffers(kernels, owner, kinds, returns, cost, top)
+        assign_buffers(kernels, owner, kinds, returns, cost, top, carried)
         return cost
 
     # -- kernels ---------------------------------------------------------------------------
@@ -237,8 +238,10 @@ class _Analyser:
             if trips is None:
                 trips = 1
                 cost.unknown_trips += 1
-            parts = [self.block(r.blocks[0], r.blocks[0].ops[-1].operands if r.blocks[0].ops
-                                else []) for r in op.regions]
+            cond, body = (r.blocks[0] for r in op.regions)
+            parts = [self.block(cond, cond.ops[-1].operands if cond.ops else []),
+                     self.block(body, body.ops[-1].operands if body.ops else [],
+                                carried=body.args)]
             chosen, times = parts, trips
         else:
             branches = [self.block(r.blocks[0], r.blocks[0].ops[-1].operands if r.blocks[0].ops
