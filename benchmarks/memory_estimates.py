@@ -101,12 +101,12 @@ def flax_lm(remat: Remat, small: bool = False):
 
 
 def flax_nnx_scan(remat: Remat, small: bool = False):
-    """NNX residual blocks made with `nnx.vmap` and run with `nnx.scan` (and `nnx.remat`
-    for RM), optax SGD with momentum on `nnx.split`'s parameter state."""
+    """NNX residual GELU blocks made with `nnx.vmap` and run with `nnx.scan`, optax SGD with
+    momentum on `nnx.split`'s parameter state."""
     import jax
     from flax import nnx
 
-    layers, batch, features, hidden = (4, 32, 16, 32) if small else (8, 256, 64, 256)
+    layers, batch, features, hidden = (4, 32, 16, 32) if small else (8, 1024, 64, 256)
 
     class Block(nnx.Module):
         def __init__(self, rngs):
@@ -114,7 +114,10 @@ def flax_nnx_scan(remat: Remat, small: bool = False):
             self.down = nnx.Linear(4 * hidden, hidden, rngs=rngs)
 
         def __call__(self, x):
-            return x + self.down(nnx.gelu(self.up(x)))
+            # RM: `jax.checkpoint` of the block's function inside its `__call__` (an
+            # `nnx.remat` around the scanned function makes the layers' state an output of the
+            # checkpoint, which PP refuses to pipeline).
+            return _checkpointed(lambda x: x + self.down(nnx.gelu(self.up(x))), remat)(x)
 
     class Model(nnx.Module):
         def __init__(self, rngs):
@@ -129,12 +132,10 @@ def flax_nnx_scan(remat: Remat, small: bool = False):
             self.head = nnx.Linear(hidden, 16, rngs=rngs)
 
         def __call__(self, x):
-            def apply(block, h):
+            @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+            def run(block, h):
                 return block(h)
 
-            if remat is not None:
-                apply = nnx.remat(apply, policy=checkpoint_policy(remat))
-            run = nnx.scan(apply, in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
             return self.head(run(self.blocks, self.embed(x)))
 
     graphdef, params = nnx.split(Model(nnx.Rngs(1)), nnx.Param)
@@ -151,8 +152,9 @@ def flax_nnx_scan(remat: Remat, small: bool = False):
 
 def equinox_conv(remat: Remat, small: bool = False):
     """Residual 3x3 conv blocks of `eqx.nn.Conv2d`, stacked with `eqx.filter_vmap` and run
-    under `lax.scan` (the Equinox idiom: `eqx.partition` / `eqx.combine`), images `jax.vmap`-ed
-    over the batch, a pooled linear head, optax SGD with momentum."""
+    under `lax.scan` over the batch of images (the Equinox idiom: `eqx.partition` /
+    `eqx.combine`, each layer `jax.vmap`-ed over the batch), a pooled linear head, optax SGD
+    with momentum."""
     import equinox as eqx
     import jax
     from jax import lax
@@ -171,19 +173,19 @@ def equinox_conv(remat: Remat, small: bool = False):
             self.blocks = eqx.filter_vmap(make)(jax.random.split(k2, layers))
             self.head = eqx.nn.Linear(channels, 10, key=k3)
 
-        def __call__(self, image):
+        def __call__(self, images):
             arrays, static = eqx.partition(self.blocks, eqx.is_array)
 
             def body(h, layer):
-                return h + jax.nn.relu(eqx.combine(layer, static)(h)), None
+                return h + jax.nn.relu(jax.vmap(eqx.combine(layer, static))(h)), None
 
-            h = lax.scan(_checkpointed(body, remat), self.stem(image), arrays)[0]
-            return self.head(h.mean(axis=(1, 2)))
+            h = lax.scan(_checkpointed(body, remat), jax.vmap(self.stem)(images), arrays)[0]
+            return jax.vmap(self.head)(h.mean(axis=(2, 3)))
 
     params, static = eqx.partition(ConvNet(jax.random.PRNGKey(4)), eqx.is_array)
 
     def loss(p, batch):
-        logits = jax.vmap(eqx.combine(p, static))(batch["x"])
+        logits = eqx.combine(p, static)(batch["x"])
         labels = jax.nn.one_hot(batch["y"], 10)
         return -(jax.nn.log_softmax(logits) * labels).sum(-1).mean()
 
