@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-fast lint bench-redistribution bench-step-time bench-paper-counts \
 	bench-partition-time bench-shard-map-toll bench-autopart bench-context-parallel \
-	bench-pipeline clean
+	bench-pipeline bench-memory-estimates clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,9 @@ bench-context-parallel: $(STAMP)
 bench-pipeline: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/pipeline.py
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/pipeline.py --recipe
+
+bench-memory-estimates: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/memory_estimates.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

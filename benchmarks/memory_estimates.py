@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import harness  # noqa: F401  (before jax: 8 CPU devices, repo root on sys.path)
+import pipeline  # the Flax linen LM recipe
 
 COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python "
            "benchmarks/memory_estimates.py")
@@ -94,8 +95,6 @@ def jax_scan_mlp(remat: Remat, small: bool = False):
 def flax_lm(remat: Remat, small: bool = False):
     """The Flax linen LM recipe of benchmarks/pipeline.py (`nn.scan` over 8 blocks with
     dropout, a causal and a padding mask); [BP] without `nn.remat`, RM with its policy."""
-    import pipeline
-
     return pipeline.recipe(remat=remat is not None,
                            policy=None if remat is None else checkpoint_policy(remat), small=small)
 
