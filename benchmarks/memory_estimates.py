@@ -301,7 +301,7 @@ def section(rows: list[Row], seconds: float) -> str:
              "residual MLP (8 layers, x [64, 64, 64], `value_and_grad`); the Flax linen LM "
              "recipe of benchmarks/pipeline.py (8 blocks, d 128, batch 16 x 32, dropout, masks; "
              "[BP] without `nn.remat`); an NNX residual GELU MLP (8 blocks of 256 -> 1024 -> "
-             "256, batch 256, `nnx.scan`, optax SGD); an Equinox residual conv net (8 3x3 "
+             "256, batch 1024, `nnx.scan`, optax SGD); an Equinox residual conv net (8 3x3 "
              "convolutions of 32 channels on 16x16 images, batch 64, `lax.scan`, optax SGD). "
              "[PP, BP, RM] runs on {stage: 2, batch: 4} with 4 microbatches.", "",
              *table(rows), "",
