@@ -121,7 +121,7 @@ class _Analyser:
             ops, returned, users, collectives, self.hw.duplicates_expensive_ops,
             self.hw.library_reductions, same) if self.fusion else set()
         # Splats a fusing consumer recomputes rather than reads (`splats`).
-        self.splats = splats(ops, fused, returned) if self.fusion else set()
+        recomputed = splats(ops, fused, returned) if self.fusion else set()
 
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
@@ -156,10 +156,11 @@ class _Analyser:
                 continue
             copy = layout_copy(op) if kind is Collective.REDUCE_SCATTER else None
             if copy is not None:  # XLA's layout assignment: a transposing copy of the operand
-                kernels.append(self._kernel(copy, None, fused, claimed, cost))
+                kernels.append(self._kernel(copy, None, fused, recomputed, claimed, cost))
                 owner[copy.results[0]] = copy.results[0]
                 kinds[copy.results[0]] = "temp"
-            kernels.append(self._kernel(op, kind, fused, claimed, cost, dropped.get(op)))
+            kernels.append(self._kernel(op, kind, fused, recomputed, claimed, cost,
+                                        dropped.get(op)))
             if copy is not None:
                 kernels[-1].inputs = [copy.results[0]]
             for r in results:
@@ -179,10 +180,12 @@ class _Analyser:
         return cost
 
     # -- kernels ---------------------------------------------------------------------------
-    def _kernel(self, root: Op, kind: Collective | None, fused: set[Value], claimed: set[Op],
-                cost: BlockCost, dropped: set[int] | None = None) -> Kernel:
-        """The kernel rooted at `root` (`kind`: its `communication_kind`; `dropped`: a while's
-        carried values that XLA removes)."""
+    def _kernel(self, root: Op, kind: Collective | None, fused: set[Value],
+                recomputed: set[Value], claimed: set[Op], cost: BlockCost,
+                dropped: set[int] | None = None) -> Kernel:
+        """The kernel rooted at `root` (`kind`: its `communication_kind`; `recomputed`: the
+        block's splats that fusing members recompute; `dropped`: a while's carried values
+        that XLA removes)."""
         name = SHORT_NAMES[root.name]
         if kind is not None:
             c = collective_cost(root, self.mesh, self.hw)
@@ -196,7 +199,6 @@ class _Analyser:
         # The fused closure: root plus every fused producer reachable through fused values,
         # each charged its work unless an earlier kernel it is duplicated into was.
         names, memo, hw, rates = SHORT_NAMES, self.memo, self.hw, self.vector_rates
-        splats = self.splats
         members: list[Op] = []
         reads: dict[Value, int] = {}  # input -> the most bytes a member reads of it
         compute = 0.0
@@ -223,7 +225,7 @@ class _Analyser:
             first = names[op.name] in _PART_READ
             consumer = names[op.name] in opcost.FUSION_CONSUMERS
             for v in op.inputs:
-                if v in fused or (consumer and v in splats):  # a fused value: an op's result
+                if v in fused or (consumer and v in recomputed):  # fused: an op's result
                     producer = v.producer
                     if producer not in seen:
                         seen.add(producer)
