@@ -195,16 +195,18 @@ RECIPE_HEADING = "## Pipeline parallelism: the scanned Flax decoder recipe (issu
 RECIPE_COMMAND = COMMAND + " --recipe"
 
 
-def recipe():
+def recipe(remat: bool = True, policy=None, small: bool = False):
     """A Flax linen decoder as users write it: `nn.scan(nn.remat(Block), split_rngs={"params":
     True, "dropout": True}, in_axes=nn.broadcast)` over 8 blocks with dropout 0.1, a causal
     mask built in the block and a padding mask passed to every layer; the step is
-    `value_and_grad` of the masked cross-entropy (the same rng for every run)."""
+    `value_and_grad` of the masked cross-entropy (the same rng for every run). For
+    benchmarks/memory_estimates.py: `remat=False` drops `nn.remat`, `policy` is its
+    `jax.checkpoint` policy (None: save nothing), `small` makes 4 blocks of 32 on 16 x 16."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
-    B, T, D, L, V = 16, 32, 128, 8, 256
+    B, T, D, L, V = (16, 16, 32, 4, 64) if small else (16, 32, 128, 8, 256)
 
     class Block(nn.Module):
         @nn.compact
@@ -222,7 +224,8 @@ def recipe():
         @nn.compact
         def __call__(self, tokens, mask):
             h = nn.Embed(V, D)(tokens)
-            stack = nn.scan(nn.remat(Block), variable_axes={"params": 0},
+            block = nn.remat(Block, policy=policy) if remat else Block
+            stack = nn.scan(block, variable_axes={"params": 0},
                             split_rngs={"params": True, "dropout": True},
                             in_axes=nn.broadcast, length=L)
             h, _ = stack()(h, mask)

@@ -44,8 +44,8 @@ from .buffers import assign_buffers
 from .combiner import combine_collectives
 from .comm import collective_cost, communication_kind
 from .costs import BlockCost, Kernel, nbytes
-from .fusion import common_subexpressions, fused_values
-from .loops import trip_count
+from .fusion import common_subexpressions, fused_values, splats
+from .loops import passed_through, trip_count, unread_carries
 from .opcost import SHORT_NAMES, short_name
 from .timeline import list_schedule, timeline_events
 
@@ -56,8 +56,10 @@ SIDE_EFFECTS = frozenset({"custom_call", "outfeed", "send", "recv", "infeed"})
 _PART_READ = opcost.PARTIAL_READS | opcost.IN_PLACE  # ops reading operand 0 in part
 
 
-def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
-    """Ops whose results are needed (XLA removes the rest)."""
+def _live_ops(ops: list[Op], returns: Sequence[Value],
+              dropped: dict[Op, set[int]]) -> list[Op]:
+    """Ops whose results are needed (XLA removes the rest). A `while` whose carried values
+    XLA removes (`unread_carries`) needs not their operands; their indices go to `dropped`."""
     needed: set[Value] = set(returns)
     live: list[Op] = []
     names = SHORT_NAMES
@@ -66,7 +68,14 @@ def _live_ops(ops: list[Op], returns: Sequence[Value]) -> list[Op]:
         if (not results or results[0] in needed or names[op.name] in SIDE_EFFECTS
                 or (len(results) > 1 and any(r in needed for r in results))):
             live.append(op)
-            needed.update(op.inputs)
+            inputs = op.inputs
+            if names[op.name] == "while":
+                dead = unread_carries(op, {i for i, r in enumerate(results) if r not in needed})
+                if dead:
+                    dropped[op] = dead
+                    inputs = [v for i, v in enumerate(op.operands) if i not in dead] + list(
+                        op.captures or ())
+            needed.update(inputs)
     live.reverse()
     return live
 
@@ -86,10 +95,12 @@ class _Analyser:
         self.vector_rates: dict[str, float] = {}  # element type -> hw.vector_flops_for
 
     # -- one block -------------------------------------------------------------------------
-    def block(self, block: Block, returns: Sequence[Value], *, top: bool = False) -> BlockCost:
+    def block(self, block: Block, returns: Sequence[Value], *, top: bool = False,
+              carried: Sequence[Value] = ()) -> BlockCost:
         names = SHORT_NAMES
         ops = [op for op in block.ops if names[op.name] not in TERMINATORS]
-        ops = _live_ops(ops, returns)
+        dropped: dict[Op, set[int]] = {}  # a while -> the carried values XLA removes
+        ops = _live_ops(ops, returns, dropped)
         # The block's communicating ops, asked once each (every phase below asks again).
         collectives = {op: kind for op in ops
                        if (kind := communication_kind(op)) is not None}
@@ -109,6 +120,8 @@ class _Analyser:
         fused = fused_values(
             ops, returned, users, collectives, self.hw.duplicates_expensive_ops,
             self.hw.library_reductions, same) if self.fusion else set()
+        # Splats a fusing consumer recomputes rather than reads (`splats`).
+        recomputed = splats(ops, fused, returned) if self.fusion else set()
 
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
@@ -135,7 +148,7 @@ class _Analyser:
                 kinds[results[0]] = "const"
                 continue
             kind = collectives.get(op)
-            if name in opcost.VIEWS and kind is None and all(
+            if (name in opcost.VIEWS or unit_broadcast(op)) and kind is None and all(
                     nbytes(r) == nbytes(v) and v not in fused
                     for r, v in zip(results, op.operands)):
                 for r, v in zip(results, op.operands):
@@ -143,28 +156,36 @@ class _Analyser:
                 continue
             copy = layout_copy(op) if kind is Collective.REDUCE_SCATTER else None
             if copy is not None:  # XLA's layout assignment: a transposing copy of the operand
-                kernels.append(self._kernel(copy, None, fused, claimed, cost))
+                kernels.append(self._kernel(copy, None, fused, recomputed, claimed, cost))
                 owner[copy.results[0]] = copy.results[0]
                 kinds[copy.results[0]] = "temp"
-            kernels.append(self._kernel(op, kind, fused, claimed, cost))
+            kernels.append(self._kernel(op, kind, fused, recomputed, claimed, cost,
+                                        dropped.get(op)))
             if copy is not None:
                 kernels[-1].inputs = [copy.results[0]]
             for r in results:
                 owner[r] = r
                 kinds[r] = "host" if opcost.placement(op) == "pinned_host" else "temp"
+            if name == "while":  # a loop invariant's result is its operand's buffer
+                for i in passed_through(op):
+                    v = op.operands[i]
+                    owner[results[i]] = owner.get(v, v)
 
         kernels = combine_collectives(kernels, owner, self.hw, cost, self.mesh)
         starts: list[float] | None = [] if self.timeline else None
         cost.runtime = list_schedule(kernels, owner, self.overlap, starts)
         if starts is not None:
             cost.timeline = timeline_events(kernels, starts)
-        assign_buffers(kernels, owner, kinds, returns, cost, top)
+        assign_buffers(kernels, owner, kinds, returns, cost, top, carried)
         return cost
 
     # -- kernels ---------------------------------------------------------------------------
-    def _kernel(self, root: Op, kind: Collective | None, fused: set[Value], claimed: set[Op],
-                cost: BlockCost) -> Kernel:
-        """The kernel rooted at `root` (`kind`: its `communication_kind`)."""
+    def _kernel(self, root: Op, kind: Collective | None, fused: set[Value],
+                recomputed: set[Value], claimed: set[Op], cost: BlockCost,
+                dropped: set[int] | None = None) -> Kernel:
+        """The kernel rooted at `root` (`kind`: its `communication_kind`; `recomputed`: the
+        block's splats that fusing members recompute; `dropped`: a while's carried values
+        that XLA removes)."""
         name = SHORT_NAMES[root.name]
         if kind is not None:
             c = collective_cost(root, self.mesh, self.hw)
@@ -173,7 +194,7 @@ class _Analyser:
             return Kernel(root, list(root.inputs), list(root.results), "comm", c.time_s,
                           comm_s=c.time_s, collective=c)
         if name in ("while", "case", "if"):
-            return self._compound(root, cost)
+            return self._compound(root, cost, dropped or set())
 
         # The fused closure: root plus every fused producer reachable through fused values,
         # each charged its work unless an earlier kernel it is duplicated into was.
@@ -202,8 +223,9 @@ class _Analyser:
                     compute += vector / rate
             # Operand 0 of a partial read or an in-place update is read in part (or not at all).
             first = names[op.name] in _PART_READ
+            consumer = names[op.name] in opcost.FUSION_CONSUMERS
             for v in op.inputs:
-                if v in fused:  # a fused value is an op's result
+                if v in fused or (consumer and v in recomputed):  # fused: an op's result
                     producer = v.producer
                     if producer not in seen:
                         seen.add(producer)
@@ -235,23 +257,33 @@ class _Analyser:
         return Kernel(root, list(reads), list(root.results), "compute", duration,
                       compute_s=duration, shareable=None, ops=members)
 
-    def _compound(self, op: Op, cost: BlockCost) -> Kernel:
-        """A while loop (body + condition, times the trip count) or the costliest branch."""
+    def _compound(self, op: Op, cost: BlockCost, dropped: set[int]) -> Kernel:
+        """A while loop (body + condition, times the trip count) or the costliest branch.
+        A while neither reads nor writes the carried values XLA removes (`dropped`)."""
         if short_name(op) == "while":
             trips = trip_count(op)
             if trips is None:
                 trips = 1
                 cost.unknown_trips += 1
-            parts = [self.block(r.blocks[0], r.blocks[0].ops[-1].operands if r.blocks[0].ops
-                                else []) for r in op.regions]
+            cond, body = (r.blocks[0] for r in op.regions)
+            parts = [self.block(cond, cond.ops[-1].operands if cond.ops else []),
+                     self.block(body, body.ops[-1].operands if body.ops else [],
+                                carried=body.args)]
             chosen, times = parts, trips
         else:
             branches = [self.block(r.blocks[0], r.blocks[0].ops[-1].operands if r.blocks[0].ops
                                    else []) for r in op.regions]
             chosen, times = [max(branches, key=lambda b: b.runtime)], 1
             parts = branches
-        k = Kernel(op, list(op.inputs), list(op.results), "both",
-                    shareable=tuple(op.inputs) if short_name(op) == "while" else (),
+        inputs, outputs = list(op.inputs), list(op.results)
+        if dropped:
+            inputs = [v for i, v in enumerate(op.operands) if i not in dropped] + list(
+                op.captures or ())
+        if short_name(op) == "while":  # no new buffer for what it removes or passes through
+            kept = dropped | passed_through(op)
+            outputs = [r for i, r in enumerate(outputs) if i not in kept]
+        k = Kernel(op, inputs, outputs, "both",
+                    shareable=tuple(inputs) if short_name(op) == "while" else (),
                     parts=chosen, repeats=times)
         for part in chosen:
             k.duration += times * part.runtime
@@ -270,6 +302,19 @@ class _Analyser:
         cost.compute_s += k.compute_s
         cost.comm_s += k.comm_s
         return k
+
+
+def unit_broadcast(op: Op) -> bool:
+    """A `broadcast_in_dim` that only inserts dimensions of size 1, keeping its operand's
+    dimensions in order: a bitcast (XLA's algebraic simplifier makes it a reshape)."""
+    if short_name(op) != "broadcast_in_dim" or len(op.results) != 1:
+        return False
+    out = op.results[0].type
+    if not out.is_tensor or nbytes(op.results[0]) != nbytes(op.operands[0]):
+        return False
+    dims = [int(d) for d in re.findall(r"-?\d+", op.attributes.get("broadcast_dimensions", "")
+                                       .split(":", 1)[-1])]
+    return dims == sorted(dims) and len(dims) == len(op.operands[0].type.shape)
 
 
 def layout_copy(op: Op) -> Op | None:

@@ -18,10 +18,13 @@ _ELEMENTWISE = opcost.ELEMENTWISE | opcost.TRANSCENDENTAL
 
 
 def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict[Value, str],
-                   returns: Sequence[Value], cost: BlockCost, top: bool) -> None:
+                   returns: Sequence[Value], cost: BlockCost, top: bool,
+                   carried: Sequence[Value] = ()) -> None:
     """Temporaries' live ranges over a memory-aware kernel order; returned buffers live to
     the end. At top level returned temporaries count as outputs (held for the whole
-    program)."""
+    program). In a loop body, `carried` are the body's arguments that `returns` replace
+    (index by index): a returned value written after its argument's last read lives in the
+    loop's buffer (counted outside the body), not in a temporary."""
     n = len(kernels)
     produced = {r: i for i, k in enumerate(kernels) for r in k.outputs}
     get = owner.get
@@ -53,6 +56,7 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
                 last[o] = p
     for o in held:
         last[o] = n
+    in_carry = carry_placed(kernels, order, pos, owner, kinds, produced, returns, carried)
 
     # Physical buffers, with in-place reuse of same-sized temporaries read for the last time.
     phys: dict[Value, list[int]] = {}  # owner -> [size, start, end] (shared when reused)
@@ -70,6 +74,8 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
                     share = {owner.get(v, v) for v in k.shareable}
                     donor = next((o for o in dying if o in share and phys[o][0] == size), None)
             temp = kinds.get(r) == "temp"
+            if r in in_carry:
+                continue  # written into the loop's own buffer
             if not temp or (top and r in held):  # not a temporary counted here
                 start = p
                 if donor is not None and r in held:
@@ -100,6 +106,44 @@ def assign_buffers(kernels: list[Kernel], owner: dict[Value, Value], kinds: dict
         if live + extra > peak:
             peak = live + extra
     cost.temp_peak = peak
+
+
+def carry_placed(kernels: list[Kernel], order: list[int], pos: list[int],
+                 owner: dict[Value, Value], kinds: dict[Value, str], produced: dict[Value, int],
+                 returns: Sequence[Value], carried: Sequence[Value]) -> set[Value]:
+    """The returned temporaries of a loop body that XLA writes straight into the loop's
+    buffers: a `while`'s operand, its body's argument and result, and its result share one
+    allocation per carried value (XLA's buffer assignment), so the new value of carry i is
+    no temporary of the body when it is written after the body's last read of argument i,
+    or by the kernel reading it last when that kernel may overwrite it (an in-place update
+    of a scan's output stack, the residual add of a carried activation). Otherwise XLA's
+    copy insertion keeps the new value in a temporary and copies it at the end."""
+    if not carried:
+        return set()
+    get = owner.get
+    arg_last: dict[Value, int] = {}
+    for p, j in enumerate(order):
+        for v in kernels[j].inputs:
+            o = get(v, v)
+            if kinds.get(o) == "arg":
+                arg_last[o] = p
+    placed: set[Value] = set()
+    for r, a in zip(returns, carried):
+        o = get(r, r)
+        if o in placed or kinds.get(o) != "temp" or o not in produced:
+            continue
+        j = produced[o]
+        read = arg_last.get(a, -1)
+        if read > pos[j]:
+            continue
+        if read == pos[j]:
+            k = kernels[j]
+            if k.shareable is None:
+                k.shareable = shareable_inputs(k.root, k.ops, k.inputs)
+            if a not in {get(v, v) for v in k.shareable}:
+                continue
+        placed.add(o)
+    return placed
 
 
 def shareable_inputs(root: Op, members: list[Op], reads: Sequence[Value]) -> tuple[Value, ...]:

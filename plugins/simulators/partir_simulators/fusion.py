@@ -148,3 +148,21 @@ def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op
         fused.add(v)
         homes[v] = kernels
     return fused | {d for d, v in same.items() if v in fused}
+
+
+def splats(ops: list[Op], fused: set[Value], returned: set[Value]) -> set[Value]:
+    """Broadcasts of a scalar (a splat: the zeros JAX initialises loop carries and scan
+    outputs with) that are materialised (`fused_values` keeps them for a user that cannot
+    absorb them: a loop, a dot) yet are cheap to recompute: XLA's instruction fusion
+    duplicates such a producer into every consumer that can take it in and keeps the
+    original for the others only, so those consumers do not read (nor keep alive) the
+    materialised value."""
+    out = set()
+    names = SHORT_NAMES
+    for op in ops:
+        if (names[op.name] == "broadcast_in_dim" and len(op.results) == 1
+                and op.results[0] not in fused and op.results[0] not in returned
+                and op.operands and op.operands[0].type.is_tensor
+                and not op.operands[0].type.shape):
+            out.add(op.results[0])
+    return out

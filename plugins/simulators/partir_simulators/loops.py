@@ -1,6 +1,7 @@
-"""Loop trip counts: how many times a `while` body runs, when the loop is a counted loop
-(`i = c0; i < c1; i += c2`, as `fori_loop` and `scan` emit); None when the count depends on
-data (the simulator then costs one iteration and reports it)."""
+"""Loops: how many times a `while` body runs, when the loop is a counted loop (`i = c0; i <
+c1; i += c2`, as `fori_loop` and `scan` emit; None when the count depends on data: the
+simulator then costs one iteration and reports it), and which of its carried values XLA
+removes before it runs (`unread_carries`)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,40 @@ def trip_count(op: Op) -> int | None:
     else:
         return None
     return max(int(n), 0)
+
+
+def unread_carries(op: Op, unused_results: set[int]) -> set[int]:
+    """Indices of a `while`'s carried values that XLA's while-loop simplifier removes
+    (`TryRemoveDeadWhileParams`): the body returns its argument unchanged, nothing in the
+    body or the condition reads it, and the loop's result is unused (`unused_results`). JAX
+    emits such carries for e.g. the zero cotangents of a pipelined scan's inputs; XLA never
+    allocates them, nor the broadcast that initialises them."""
+    if len(op.regions) < 2 or not unused_results:
+        return set()
+    cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+    if not body.ops:
+        return set()
+    returned = body.ops[-1].operands
+    read: set[Value] = set()
+    for block, skip in ((cond, None), (body, body.ops[-1])):
+        for o in block.ops:
+            if o is not skip:
+                read.update(o.inputs)
+    dead = set()
+    for i in unused_results:
+        if (i < len(returned) and i < len(body.args) and returned[i] is body.args[i]
+                and body.args[i] not in read and cond.args[i] not in read
+                and sum(v is body.args[i] for v in returned) == 1):
+            dead.add(i)
+    return dead
+
+
+def passed_through(op: Op) -> set[int]:
+    """Indices of a `while`'s carried values that its body returns unchanged (loop
+    invariants: a scan's weights, its inputs read by index). XLA's copy insertion copies no
+    read-only value into the loop, so the loop's result there is its operand's buffer."""
+    if len(op.regions) < 2 or not op.regions[1].blocks[0].ops:
+        return set()
+    body = op.regions[1].blocks[0]
+    returned = body.ops[-1].operands
+    return {i for i, (a, r) in enumerate(zip(body.args, returned)) if a is r}
