@@ -97,6 +97,7 @@ class PendingSums:
         self._values: dict[Value, Partial] = {}
         self._carried: dict[tuple[Op, int], Partial] = {}
         self.chain: set[Op] = set()  # shape ops on a path to an accumulator
+        self._loops: dict[Value, tuple[Op, int]] | None = None  # `_body_args`
         self._tentative = False  # while deciding an accumulator: shape ops may forward
         self._tentative_values: dict[Value, Partial] = {}  # what was predicted meanwhile
 
@@ -107,6 +108,14 @@ class PendingSums:
             memo[v] = ()  # a cycle through a loop predicts no pending sum
             memo[v] = self._predict(v)
         return memo[v]
+
+    def _body_args(self) -> dict[Value, tuple[Op, int]]:
+        """Each while body's k-th argument -> (the while, k), found on first use."""
+        if self._loops is None:
+            self._loops = {a: (op, k) for op in self.state.position
+                           if op.name == "stablehlo.while"
+                           for k, a in enumerate(op.regions[1].blocks[0].args)}
+        return self._loops
 
     def carried(self, loop: Op, k: int) -> Partial:
         """The pending sum the k-th value carried by the `while` keeps (empty: none)."""
@@ -119,7 +128,7 @@ class PendingSums:
     def _predict(self, v: Value) -> Partial:
         op = v.producer
         if op is None:
-            loop = self.state.body_args.get(v)
+            loop = self._body_args().get(v)
             return self.carried(*loop) if loop is not None else ()
         j = op.results.index(v)
         if op.name == "stablehlo.while":
