@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 
 from ..core.rules.reductions import is_zero
 from ..core.state import PartitionState
-from ..core.tmr import Sum, pending_sums
+from ..core.tmr import pending_sums
 from ..ir.graph import Op, Value
 from ..ir.opsets import PARTITIONED_REGIONS, PENDING_SUM_CHAIN
 from .layout import Layout
+from .op_plan import produced_layouts, wanted_layouts
 
 Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
 
@@ -169,11 +170,7 @@ class PendingSums:
         if not linear_operands(op, chain):
             return ()
         assume = assume or {}
-        mesh = self.state.mesh
-        nest = self.state.nest_of(op)
-        wanted = [Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
-                                                  if e.operands[i] is not None], mesh=mesh)
-                  for i, v in enumerate(op.operands)]
+        wanted = wanted_layouts(op, self.state.nest_of(op), self.state.mesh)
 
         def have(i: int) -> Layout:
             v = op.operands[i]
@@ -191,14 +188,10 @@ class PendingSums:
         mesh = self.state.mesh
         if op is None or op.name in PARTITIONED_REGIONS:
             return Layout.from_tiles(v.type.rank, self.state.tiles_of(v), mesh=mesh).dims
-        j = op.results.index(v)
         made = self.made_by_rules(op)
-        if made is not None:
-            return made[j].dims
-        return Layout.from_tiles(v.type.rank, [(a, e.results[j]) for a, e in
-                                               self.state.nest_of(op)
-                                               if not isinstance(e.results[j], Sum)],
-                                 mesh=mesh).dims
+        if made is None:
+            made = produced_layouts(op, self.state.nest_of(op), (), mesh)
+        return made[op.results.index(v)].dims
 
     def _accumulated(self, loop: Op, k: int) -> Partial:
         body = loop.regions[1].blocks[0]

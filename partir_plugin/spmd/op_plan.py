@@ -21,6 +21,13 @@ Nest = tuple[tuple[str, TMREntry], ...]  # an op's loop nest: (mesh axis, TMR en
 PLANNED_PER_OP = frozenset({"stablehlo.gather"})
 
 
+def wanted_layouts(op: Op, nest: Nest, mesh: Mesh) -> tuple[Layout, ...]:
+    """The layouts the op's nest consumes its inputs in (tiled as its entries tile them)."""
+    return tuple(Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
+                                                 if e.operands[i] is not None], mesh=mesh)
+                 for i, v in enumerate(op.inputs))
+
+
 def produced_layouts(op: Op, nest: Nest, forwarded: tuple, mesh: Mesh) -> list[Layout]:
     """The layouts the op makes its results in: tiled as the nest tiles them, with the sums
     it leaves pending (after the ones it forwards)."""
@@ -50,9 +57,7 @@ class OpPlan:
 
     @classmethod
     def make(cls, op: Op, nest: Nest, mesh: Mesh) -> OpPlan:
-        wanted = tuple(Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
-                                                       if e.operands[i] is not None], mesh=mesh)
-                       for i, v in enumerate(op.inputs))
+        wanted = wanted_layouts(op, nest, mesh)
         produced = tuple(produced_layouts(op, nest, (), mesh))
         result_types = tuple(lay.local_type(r.type, mesh) for lay, r in zip(produced, op.results))
         own = tuple(a for a, e in nest
