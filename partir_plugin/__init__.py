@@ -19,7 +19,7 @@ _EXPORTS = {
     "ManualPartition": "tactics.manual", "AutomaticPartition": "tactics.automatic",
     "tactic": "tactics",
     "REPLICATED": "tactics.manual", "FIRST_DIVISIBLE_DIM": "tactics.manual",
-    "UNKNOWN": "tactics.manual", "Regather": "tactics.manual",
+    "UNKNOWN": "tactics.manual", "Regather": "spmd.rules.regather",
     "Metadata": "report.metadata", "TacticReport": "report.tactic_report",
     "PartitionError": "errors", "InputMismatchError": "errors",
     "UnevenOutputWarning": "errors",

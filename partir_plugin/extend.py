@@ -56,8 +56,9 @@ from .plugin.resolve import resolve_hardware, resolve_simulator, simulate
 from .report.records import CollectiveRecord, Reason, SourceLocation
 from .spmd.collectives import Collective, collective_axes, collective_kind
 from .spmd.lowering import LoweringCache, SpmdProgram, lower_to_spmd
+from .spmd.rules.regather import Regather
 from .tactics.automatic import Budget, Decision, DecisionKind, FrozenPartition, SearchResult
-from .tactics.manual import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition, Regather
+from .tactics.manual import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 from .tactics.pipeline_parallel import PipelineParallel
 from .tactics.rematerialization import Rematerialization, RematerializationFigures
 from .verify.tmr import (

@@ -19,7 +19,7 @@ from .core.state import PartitionState
 from .core.tmr import TileMappingRegistry
 from .errors import PartitionError, UnevenOutputWarning
 from .ir.graph import Func
-from .options import ConflictPolicy, PaddingPolicy, PartitionOptions, UnevenOutputs
+from .options import PartitionOptions, UnevenOutputs
 from .spmd.lowering import SpmdProgram, lower_to_spmd
 from .tactics.base import Tactic
 
@@ -85,10 +85,7 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule: Sequenc
                    out_names: list[str] | None = None) -> Scheduled:
     """Apply each tactic then `propagate`, and lower the final state. `options` has its
     hardware resolved and `scatter_sums` decided (`stages.partition` does both)."""
-    state = PartitionState(func, mesh, registry,
-                           resolve_conflicts=options.conflicts is ConflictPolicy.REDISTRIBUTE,
-                           scatter_sums=options.scatter_sums,
-                           allow_padding=options.padding is PaddingPolicy.ALLOW)
+    state = PartitionState(func, mesh, registry, options=options)
     after = []
     for tactic in schedule:
         tactic.reserve(state)

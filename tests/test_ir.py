@@ -8,10 +8,14 @@ import weakref
 import jax
 import jax.numpy as jnp
 from jaxlib.mlir import ir
+from oracle import assert_matches_jax_jit
 
+import partir_plugin as partir
 from partir_plugin._gc import gc_paused
 from partir_plugin.ir import import_lowered, import_stablehlo, print_module
+from partir_plugin.ir.graph import captures_of, walk
 from partir_plugin.ir.importer import make_context
+from partir_plugin.ir.passes import IMPORT_PIPELINE
 from partir_plugin.runtime import compile_overlap
 
 
@@ -40,6 +44,40 @@ def test_round_trip_verifies_and_inlines_calls():
     _verify(text)
     again = import_stablehlo(text)
     assert [op.name for op in again.ops] == [op.name for op in func.ops]
+
+
+@jax.jit
+def _layer(x, w):
+    return partir.tag(jnp.tanh(x @ w), "h")
+
+
+def _calls_in_regions(x, w):
+    def body(c, _):
+        return _layer(c, w) + _layer(c, 2 * w), None
+
+    c, _ = jax.lax.scan(body, x, None, length=2)
+    c = jax.lax.cond(c.sum() > 0, lambda: _layer(c, w + 1), lambda: c)  # a call in a branch
+    return _layer(c, w)
+
+
+def test_calls_are_inlined_by_a_pass_with_their_tags_and_captures():
+    """`InlineCalls` (the pipeline's first pass) copies each callee, imported once, into
+    every call site, in loop bodies and branches too: the tags inside come once per call site
+    in program order, a branch that held a call captures what its copy reads, and a tactic on
+    the tags partitions the program as jax.jit computes it."""
+    assert IMPORT_PIPELINE.names[0] == "inline-calls"
+    x, w = jnp.ones((8, 16)) / 4, jnp.eye(16) / 2
+    func = import_lowered(jax.jit(_calls_in_regions).lower(x, w))
+    assert not [op for op in walk(func.ops) if op.name in ("func.call", "stablehlo.composite")]
+    assert not func.callees
+    tagged = func.tags["h"]
+    assert len(tagged) == 4  # two in the loop body, one in a branch, one after
+    order = {r: i for i, r in enumerate(r for op in walk(func.ops) for r in op.results)}
+    assert [order[v] for v in tagged] == sorted(order[v] for v in tagged)
+    case = next(op for op in func.ops if op.name == "stablehlo.case")
+    assert case.captures and case.captures == captures_of(case)
+    assert_matches_jax_jit(_calls_in_regions, (x, w), {"m": 2},
+                           [partir.ManualPartition({"x": 0}, axis="m", tags={"h": 0})])
 
 
 def test_import_from_mlir_file(tmp_path):

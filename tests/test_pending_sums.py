@@ -9,12 +9,14 @@ import dataclasses
 import inspect
 
 import jax
+import jax.numpy as jnp
 import pytest
+from oracle import assert_matches_jax_jit
 from tmr_corpus import CASES
 
 import partir_plugin as partir
 from partir_plugin.core.state import PartitionState
-from partir_plugin.ir.graph import walk
+from partir_plugin.ir.graph import partitionable_ops, walk
 from partir_plugin.models import megatron, transformer
 from partir_plugin.options import PartitionOptions
 from partir_plugin.spmd.layout import Layout
@@ -79,3 +81,44 @@ def test_corpus_carries_the_predicted_sums():
         state = _partitioned(case.step(), shapes, {"m": 4},
                              [partir.ManualPartition({names[arg]: dim}, axis="m")])
         assert not _mispredicted(state)[0], case.name
+
+
+def test_an_exchanged_scatter_is_predicted_as_lowered_and_its_sum_carried():
+    """Review 6c-4. An embedding gradient scattered in every iteration of a loop and added
+    to an accumulator tiled on the vocabulary over `a`: the scatter exchanges its updates over
+    `a` (`rules/embedding.py`), so it leaves only the sum over `b` pending. The prediction
+    asks the rule (`LoweringRule.layouts`): every value's predicted pending sum is the one
+    lowered, and the accumulator carries the sum over `b`, reduced once after the loop, not
+    in every iteration (where the prediction said `a` and `b`, the loop reduced `b` each
+    time)."""
+    vocab, d, steps, tokens = 32, 16, 3, 4
+
+    def step(w, ids, updates):
+        def body(acc, xs):
+            i, u = xs
+            return acc + jnp.zeros((vocab, d)).at[i].add(u), None
+
+        acc, _ = jax.lax.scan(body, jnp.zeros((vocab, d)), (ids, updates))
+        return acc * w
+
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    args = (jax.random.normal(k1, (vocab, d)), jax.random.randint(k2, (steps, tokens), 0, vocab),
+            jax.random.normal(k3, (steps, tokens, d)))
+    mp = partir.ManualPartition
+    schedule = [mp({"w": 0, "ids": 1, "updates": 1}, axis="a"),
+                mp({"ids": 1, "updates": 1}, axis="b")]
+    mesh = {"a": 2, "b": 2}
+    assert_matches_jax_jit(step, args, mesh, schedule, scatter_sums=True)
+    state = _partitioned(step, args, mesh, schedule)
+    lowering = _Lowering(state)
+    program = lowering.run()
+    (scatter,) = [op for op in walk(state.func.ops) if op.name == "stablehlo.scatter"]
+    assert lowering.local[scatter.results[0]][1].partial == (("b", "add"),)  # exchanged on a
+    for op in partitionable_ops(state.func.ops):
+        for r in op.results:
+            if r in lowering.local:
+                assert lowering.pending.of(r) == lowering.local[r][1].partial, op.name
+    (loop,) = [op for op in program.func.ops if op.name == "stablehlo.while"]
+    assert not [op for op in walk(loop.regions[1].blocks[0].ops)
+                if op.name == "stablehlo.all_reduce"]
+    assert program.counts["all_reduce"] == 1

@@ -213,7 +213,7 @@ def test_a_conflict_a_later_loop_settles_leaves_the_state_not_its_snapshot():
     from partir_plugin.core.propagation import propagate
 
     state = _state(gram, (256, 256), mesh={"M": 8})
-    state.resolve_conflicts = False
+    state.options = state.options.replace(conflicts="stop")
     (x,) = state.func.args
     propagate(state, state.tile_value(x, 0, "M"))
     dot = next(op for op in state.position if op.name == "stablehlo.dot_general")

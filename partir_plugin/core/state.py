@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..errors import PartitionError
 from ..ir.graph import Func, Op, Value, partitionable_ops, users_of
+from ..options import ConflictPolicy, PaddingPolicy, PartitionOptions
 from .mesh import Mesh
 from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
 from .rules.halo import HaloEntry
@@ -52,26 +53,19 @@ class PartitionState:
     # (tag op, axis): a tactic decided the tagged value on the axis, so the tag is a
     # redistribution point there: propagation does not cross it, the lowering converts.
     boundaries: set[tuple[Op, str]] = field(default_factory=set)
-    # Conflicts are resolved by redistributing operands (`resolution.py`); False keeps
-    # PartIR's strict semantics (stop at the op, which then gathers its operands).
-    resolve_conflicts: bool = True
-    # How a pending sum reaches a consumer that tiles the summed dimension: reduce_scatter
-    # (half the bytes of an all_reduce), or all_reduce then the local slice. XLA:CPU runs
-    # reduce-scatter slower than all-reduce, which it combines into a few ops, and adds layout
-    # copies around it; XLA:GPU rewrites all-reduce + slice into reduce-scatter itself. The
-    # runtime picks by platform (`api.PartitionedFunction`).
-    scatter_sums: bool = True
+    # The options the program is partitioned under (conflicts, padding, scatter_sums: read
+    # through the properties below), the driver's (`schedule.apply_schedule`).
+    options: PartitionOptions = field(default_factory=PartitionOptions)
     resolutions: list = field(default_factory=list)  # resolution.Resolution, in order
     resolved: set[tuple[Op, str]] = field(default_factory=set)  # (op, axis) of each
-    # What a tactic wants the report to say about the program it made (PP: the pipeline's
-    # shape and bubble), in order.
+    # What tactics want the report to say about the program they made (PP: the pipeline's
+    # shape and bubble), in order: how any tactic speaks to the report.
     notes: list[str] = field(default_factory=list)
     # Values gathered again for each consumer instead of once for all (ZeRO-3's parameters:
     # the backward pass gathers them afresh rather than keeping the forward's copy alive).
+    # A per-value directive from a tactic to the lowering, which reads it through one
+    # policy (`spmd/rules/regather.py`); the state is what both see.
     regather: set[Value] = field(default_factory=set)
-    # May a tiling pad a dimension its axes do not divide (`core/padding.py`)? False: never
-    # inferred by propagation, a PartitionError where a tactic asks for it.
-    allow_padding: bool = True
     # The (op, axis) pairs propagation stopped at, with the conflict each one records:
     # `conflicts` lists those still standing (a later loop of the op on the axis drops one).
     _reported: dict[tuple[Op, str], Conflict] = field(default_factory=dict, init=False,
@@ -88,9 +82,6 @@ class PartitionState:
         self.position = {op: i for i, op in enumerate(partitionable_ops(self.func.ops))}
         self.tags = {**self.func.tags, **self.tags}
         self.aliases = _loop_carried_aliases(self.func)
-        # Each while body's k-th argument -> (the while, k): derived once, shared by copies.
-        self.body_args = {a: (op, k) for op in self.position if op.name == "stablehlo.while"
-                          for k, a in enumerate(op.regions[1].blocks[0].args)}
         # Has any tiling padded a dimension? Most programs pad nothing, and the report asks
         # every value for its padded dimensions.
         self.pads_any = any(self._pads(v, d) for v, tiles in self.tiling.items()
@@ -107,6 +98,29 @@ class PartitionState:
             if isinstance(value, (dict, set, list)):
                 setattr(new, f.name, value.copy())
         return new
+
+    # -- options ------------------------------------------------------------------------
+    @property
+    def resolve_conflicts(self) -> bool:
+        """Are conflicts resolved by redistributing operands (`resolution.py`)? False keeps
+        PartIR's strict semantics (stop at the op, which then gathers its operands)."""
+        return self.options.conflicts is ConflictPolicy.REDISTRIBUTE
+
+    @property
+    def allow_padding(self) -> bool:
+        """May a tiling pad a dimension its axes do not divide (`core/padding.py`)? False:
+        never inferred by propagation, a PartitionError where a tactic asks for it."""
+        return self.options.padding is PaddingPolicy.ALLOW
+
+    @property
+    def scatter_sums(self) -> bool:
+        """Does a pending sum reach a consumer that tiles the summed dimension by
+        reduce_scatter (half the bytes of an all_reduce), or all_reduce then the local slice?
+        XLA:CPU runs reduce-scatter slower than all-reduce, which it combines into a few ops,
+        and adds layout copies around it; XLA:GPU rewrites all-reduce + slice into
+        reduce-scatter itself. The driver picks by platform (`PartitionOptions.for_platform`;
+        undecided: reduce_scatter)."""
+        return self.options.scatter_sums is not False
 
     # -- queries ------------------------------------------------------------------------
     def tiles_of(self, v: Value) -> tuple[tuple[str, int], ...]:

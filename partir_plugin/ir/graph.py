@@ -118,6 +118,9 @@ class Func:
     # `partir_plugin.tag` names -> every value tagged so, in program order (a model that calls
     # the same layer twice, or a scan body and its prologue, tags several values alike).
     tags: dict[str, list[Value]] = field(default_factory=dict)
+    # The functions its `func.call`s and composites name, by symbol, as imported (each once);
+    # `passes.inline_calls` inlines them at every call site and empties it.
+    callees: dict[str, Func] = field(default_factory=dict, repr=False)
 
     @property
     def args(self) -> list[Value]:
@@ -135,6 +138,38 @@ def walk(ops: list[Op]):
         for region in op.regions:
             for block in region.blocks:
                 yield from walk(block.ops)
+
+
+def tagged_values(ops: list[Op]) -> dict[str, list[Value]]:
+    """Every tag name in `ops` (regions included) -> the values tagged so, in program order."""
+    tags: dict[str, list[Value]] = {}
+    for op in walk(ops):
+        for r in op.results:
+            if r.tag is not None:
+                tags.setdefault(r.tag, []).append(r)
+    return tags
+
+
+def captures_of(op: Op) -> list[Value]:
+    """Values used inside `op`'s regions but defined outside them, in first-use order."""
+    defined: set[Value] = set()
+    used: list[Value] = []
+    for region in op.regions:
+        for block in region.blocks:
+            defined.update(block.args)
+    inner = list(walk([b_op for r in op.regions for b in r.blocks for b_op in b.ops]))
+    for o in inner:
+        defined.update(o.results)
+        for r in o.regions:
+            for b in r.blocks:
+                defined.update(b.args)
+    seen: set[Value] = set()
+    for o in inner:
+        for v in o.operands:
+            if v not in defined and v not in seen:
+                seen.add(v)
+                used.append(v)
+    return used
 
 
 def clone_region(region: Region, env: dict[Value, Value]) -> Region:

@@ -1,10 +1,11 @@
 """Import StableHLO (text, bytecode or a `jax.stages.Lowered`) into the Python IR.
 
 We parse with jaxlib's MLIR bindings, run Shardy's `sdy-populate-op-sharding-rules` so every op
-Shardy knows carries its factor-based sharding rule, then walk the module once, inlining
-`func.call` and `stablehlo.composite` (its decomposition) but the composites partir keeps
-whole (`dialect.KEPT_COMPOSITES`). The walk is linear in the number of ops. The rewrites of
-the imported program are passes (`ir/passes`), run as one pipeline over the ops it saw.
+Shardy knows carries its factor-based sharding rule, then walk the entry function once, and
+each function its `func.call`s and `stablehlo.composite`s name once (`Func.callees`), but for
+the composites partir keeps whole (`dialect.KEPT_COMPOSITES`, imported as one op). The walk is
+linear in the number of ops. The rewrites of the imported program, inlining the calls first,
+are passes (`ir/passes`), run as one pipeline over the ops it saw.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from jaxlib.mlir import ir, passmanager
 
 from .._gc import gc_paused
 from .dialect import KEPT_COMPOSITES, TAG_OP, tag_name
-from .graph import Block, Func, Op, Region, Value, walk
+from .graph import Block, Func, Op, Region, Value, captures_of, tagged_values
 from .locations import location_name
 from .passes import IMPORT_PIPELINE, Pipeline
+from .passes.inline_calls import CALL_OPS, CALLEE
 from .types import TensorType
 
 _RULE_ATTR = "sdy.sharding_rule"
@@ -45,7 +47,7 @@ class _Importer:
                 name = ir.StringAttr(op.attributes["sym_name"]).value
                 self.funcs[name] = op
 
-        self.tags: dict[str, list[Value]] = {}  # a name may tag several values
+        self.callees: dict[str, Func] = {}  # the functions called, each imported once
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
         self.texts: dict[ir.Attribute, str] = {}  # and few distinct attributes
         # One location object per distinct location (ops of one line share it), so the
@@ -65,7 +67,15 @@ class _Importer:
         loc = op.location
         return self.locations.setdefault(loc.attr, loc)
 
-    def import_func(self, name: str) -> Func:
+    def import_entry(self, name: str) -> Func:
+        """The function `name` with its rewrites run (its calls inlined first)."""
+        func = self._import_func(name)
+        func.callees = self.callees
+        self.pipeline.run(func, self.seen)
+        func.tags = tagged_values(func.ops)
+        return func
+
+    def _import_func(self, name: str) -> Func:
         fop = self.funcs[name]
         block = fop.regions[0].blocks[0]
         body = Block()
@@ -73,10 +83,11 @@ class _Importer:
         for a in block.arguments:
             env[a] = body.add_arg(self._type(a.type))
         returns = self._import_ops(block, env, body.ops)
-        tags = {tag: list(values) for tag, values in self.tags.items()}
-        func = Func(name=name, body=body, returns=returns, tags=tags)
-        self.pipeline.run(func, self.seen)
-        return func
+        return Func(name=name, body=body, returns=returns)
+
+    def _import_callee(self, name: str) -> None:
+        if name not in self.callees:
+            self.callees[name] = self._import_func(name)
 
     def _import_ops(self, block, env: dict, out: list[Op]) -> list[Value]:
         """Import `block`'s ops into `out`; return the values its terminator returns."""
@@ -96,19 +107,16 @@ class _Importer:
                 env[op.results[0]] = whole.results[0]
                 out.append(whole)
                 continue
-            if name in ("func.call", "stablehlo.composite"):
-                # Calls are inlined; so are composites: the decomposition is their meaning,
-                # and inlined it partitions like any other code (the composite's name, which
-                # a backend could map to a fused kernel, is not kept).
+            if name in CALL_OPS:  # inlined by `passes.inline_calls`
                 key = "callee" if name == "func.call" else "decomposition"
                 callee = ir.FlatSymbolRefAttr(op.attributes[key]).value
-                inner = self.funcs[callee].regions[0].blocks[0]
-                sub_env = dict(env)
-                for a, v in zip(inner.arguments, op.operands):
-                    sub_env[a] = env[v]
-                rets = self._import_ops(inner, sub_env, out)
-                for r, v in zip(op.results, rets):
+                self._import_callee(callee)
+                self.seen.add(name)
+                call = Op(name, [env[v] for v in op.operands],
+                          [self._type(r.type) for r in op.results], {CALLEE: callee})
+                for r, v in zip(op.results, call.results):
                     env[r] = v
+                out.append(call)
                 continue
             attrs = {}
             rule = None
@@ -144,38 +152,13 @@ class _Importer:
             # context lives as long as the location object).
             new.mlir_location = self._location(op)
             if name == TAG_OP:
-                t = tag_name(location_name(new.mlir_location))
-                if t:
-                    new.results[0].tag = t
-                    self.tags.setdefault(t, []).append(new.results[0])
+                new.results[0].tag = tag_name(location_name(new.mlir_location))
             if regions:
-                new.captures = _captures(new)
+                new.captures = captures_of(new)
             for r, v in zip(results, new.results):
                 env[r] = v
             out.append(new)
         return []
-
-
-def _captures(op: Op) -> list[Value]:
-    """Values used inside `op`'s regions but defined outside them, in first-use order."""
-    defined: set[Value] = set()
-    used: list[Value] = []
-    for region in op.regions:
-        for block in region.blocks:
-            defined.update(block.args)
-    inner = list(walk([b_op for r in op.regions for b in r.blocks for b_op in b.ops]))
-    for o in inner:
-        defined.update(o.results)
-        for r in o.regions:
-            for b in r.blocks:
-                defined.update(b.args)
-    seen: set[Value] = set()
-    for o in inner:
-        for v in o.operands:
-            if v not in defined and v not in seen:
-                seen.add(v)
-                used.append(v)
-    return used
 
 
 def _import_module(module: ir.Operation, entry: str, pipeline: Pipeline) -> Func:
@@ -188,7 +171,7 @@ def _import_module(module: ir.Operation, entry: str, pipeline: Pipeline) -> Func
         imp = _Importer(module, pipeline)
         if entry not in imp.funcs:
             raise ValueError(f"no function @{entry} in module (have: {sorted(imp.funcs)})")
-        return imp.import_func(entry)
+        return imp.import_entry(entry)
 
 
 def import_stablehlo(source: str | bytes, entry: str = "main",

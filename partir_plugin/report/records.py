@@ -21,10 +21,11 @@ from ..core.state import PartitionState
 from ..cost import CollectiveCost, SimulationResult
 from ..ir.graph import Op, Value, walk
 from ..ir.locations import ParsedLocation, Phase, SourceLocation, is_library_file, parse_location
-from ..ir.opsets import ARGUMENT_PASS_THROUGH, PARTITIONED_REGIONS, RELAYOUT_OPS
+from ..ir.opsets import ARGUMENT_PASS_THROUGH, PARTITIONED_REGIONS
 from ..spmd.collectives import Collective, collective_axes, collective_kind
 from ..spmd.layout import Layout
 from ..spmd.provenance import Conversion, Movement
+from ..spmd.rules.regather import Regathered
 
 SCHEMA = "partir.collectives/v1"  # the version of `CollectiveRecord.to_json`
 
@@ -466,12 +467,7 @@ def _flatten(decisions: tuple):
 def _regathered(state: PartitionState, v: Value) -> bool:
     """Is `v` gathered afresh per consumer (as the lowering decides it: a value Z3 asked
     for, or one made from it by layout ops alone)?"""
-    while v not in state.regather:
-        op = v.producer
-        if op is None or op.name not in RELAYOUT_OPS or len(op.operands) != 1:
-            return False
-        v = op.operands[0]
-    return True
+    return bool(state.regather) and not Regathered(state).shared(v)
 
 
 def _on(pairs: tuple, axes: frozenset[str]) -> tuple:

@@ -11,9 +11,12 @@ pipelined loop need: without it, data parallelism all-reduces each layer's weigh
 every iteration (L times, or M + S - 1 times per stage in a pipeline) instead of once.
 
 `PendingSums` predicts, before the body is lowered, the pending sum each value will have as
-lowered (the lowering needs the carried layout when it reaches the loop). A wrong prediction
-is never a wrong result: converting a value to a layout with a pending sum it does not have
-keeps it on one device of each group (`lowering.convert`).
+lowered (the lowering needs the carried layout when it reaches the loop), with the rule the
+lowering applies (`forwarded_sum`) on the layouts the lowering makes, a lowering rule's where
+it makes other layouts than the op's TMR entries (an exchanged scatter: `made_by_rules`). A
+wrong prediction is never a wrong result: converting a value to a layout with a pending sum
+it does not have keeps it on one device of each group (`convert.convert`), at the cost of a
+reduction or a select per iteration.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from collections.abc import Callable, Sequence
 
 from ..core.rules.reductions import is_zero
 from ..core.state import PartitionState
-from ..core.tmr import Sum, pending_sums
+from ..core.tmr import pending_sums
 from ..ir.graph import Op, Value
 from ..ir.opsets import PARTITIONED_REGIONS, PENDING_SUM_CHAIN
 from .layout import Layout
+from .op_plan import produced_layouts, wanted_layouts
 
 Partial = tuple[tuple[str, str], ...]  # (axis, reduction), as `Layout.partial`
 
@@ -37,6 +41,9 @@ LINEAR_OPERANDS: dict[str, tuple[int, ...] | None] = {
     "stablehlo.dynamic_update_slice": (0, 1),
 }
 _ACCUMULATORS = ("stablehlo.add", "stablehlo.dynamic_update_slice")
+# The ops a pending sum may pass through: linear ops, and shape ops on a chain to an
+# accumulator (`linear_operands`).
+FORWARDING_OPS = frozenset(LINEAR_OPERANDS) | PENDING_SUM_CHAIN
 
 
 def _is_float(op: Op) -> bool:
@@ -82,11 +89,16 @@ def forwarded_sum(op: Op, wanted: Sequence[Layout], have: Callable[[int], Layout
 class PendingSums:
     """Predicted pending sums of a partitioned function's values, as the lowering makes them."""
 
-    def __init__(self, state: PartitionState):
+    def __init__(self, state: PartitionState,
+                 made_by_rules: Callable[[Op], Sequence[Layout] | None] = lambda op: None):
         self.state = state
+        # The layouts a lowering rule makes `op`'s results in where they are not its TMR
+        # entries' (`rules.registry.layouts_made`), None where they are.
+        self.made_by_rules = made_by_rules
         self._values: dict[Value, Partial] = {}
         self._carried: dict[tuple[Op, int], Partial] = {}
         self.chain: set[Op] = set()  # shape ops on a path to an accumulator
+        self._loops: dict[Value, tuple[Op, int]] | None = None  # `_body_args`
         self._tentative = False  # while deciding an accumulator: shape ops may forward
         self._tentative_values: dict[Value, Partial] = {}  # what was predicted meanwhile
 
@@ -97,6 +109,14 @@ class PendingSums:
             memo[v] = ()  # a cycle through a loop predicts no pending sum
             memo[v] = self._predict(v)
         return memo[v]
+
+    def _body_args(self) -> dict[Value, tuple[Op, int]]:
+        """Each while body's k-th argument -> (the while, k), found on first use."""
+        if self._loops is None:
+            self._loops = {a: (op, k) for op in self.state.position
+                           if op.name == "stablehlo.while"
+                           for k, a in enumerate(op.regions[1].blocks[0].args)}
+        return self._loops
 
     def carried(self, loop: Op, k: int) -> Partial:
         """The pending sum the k-th value carried by the `while` keeps (empty: none)."""
@@ -109,13 +129,38 @@ class PendingSums:
     def _predict(self, v: Value) -> Partial:
         op = v.producer
         if op is None:
-            loop = self.state.body_args.get(v)
+            loop = self._body_args().get(v)
             return self.carried(*loop) if loop is not None else ()
         j = op.results.index(v)
         if op.name == "stablehlo.while":
             return self.carried(op, j)
+        made = self.made_by_rules(op)
+        if made is not None:
+            return made[j].partial
         nest = self.state.nest_of(op)
         return (*self.forwarded(op), *pending_sums(nest, j))
+
+    def lowered(self, op: Op, wanted: Sequence[Layout],
+                local: dict[Value, tuple[Value, Layout]]) -> Partial:
+        """The pending sum `op` runs on as the lowering makes it: `forwarded_sum` on the
+        layouts its operands were lowered in (`local`: value -> its local value and layout);
+        () for an op no sum passes through (most)."""
+        if op.name not in FORWARDING_OPS:
+            return ()
+        operands = op.operands
+        return forwarded_sum(op, wanted, lambda i: local[operands[i]][1], self.chain)
+
+    def kept(self, op: Op, forwarded: Partial) -> tuple[int, ...]:
+        """The operands `op` reads as they come when it runs on the pending sum `forwarded`
+        (those carrying it); the others are converted to the layouts its nest consumes."""
+        return linear_operands(op, self.chain) if forwarded else ()
+
+    def loop_layouts(self, loop: Op, layouts: list[Layout]) -> list[Layout]:
+        """The layouts of the values `loop` carries, from their declared `layouts`: a `while`
+        keeps the pending sums `carried` predicts (a `case` keeps none)."""
+        if loop.name != "stablehlo.while":
+            return layouts
+        return [Layout(lay.dims, self.carried(loop, k)) for k, lay in enumerate(layouts)]
 
     def forwarded(self, op: Op, assume: dict[Value, Partial] | None = None) -> Partial:
         """The pending sum `op` will run on (`forwarded_sum`, on the layouts its operands are
@@ -125,11 +170,7 @@ class PendingSums:
         if not linear_operands(op, chain):
             return ()
         assume = assume or {}
-        mesh = self.state.mesh
-        nest = self.state.nest_of(op)
-        wanted = [Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
-                                                  if e.operands[i] is not None], mesh=mesh)
-                  for i, v in enumerate(op.operands)]
+        wanted = wanted_layouts(op, self.state.nest_of(op), self.state.mesh)
 
         def have(i: int) -> Layout:
             v = op.operands[i]
@@ -147,11 +188,10 @@ class PendingSums:
         mesh = self.state.mesh
         if op is None or op.name in PARTITIONED_REGIONS:
             return Layout.from_tiles(v.type.rank, self.state.tiles_of(v), mesh=mesh).dims
-        j = op.results.index(v)
-        return Layout.from_tiles(v.type.rank, [(a, e.results[j]) for a, e in
-                                               self.state.nest_of(op)
-                                               if not isinstance(e.results[j], Sum)],
-                                 mesh=mesh).dims
+        made = self.made_by_rules(op)
+        if made is None:
+            made = produced_layouts(op, self.state.nest_of(op), (), mesh)
+        return made[op.results.index(v)].dims
 
     def _accumulated(self, loop: Op, k: int) -> Partial:
         body = loop.regions[1].blocks[0]

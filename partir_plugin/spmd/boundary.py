@@ -44,3 +44,46 @@ def at_boundary(layout: Layout, mesh: Mesh) -> tuple[Layout, tuple[str, ...]]:
     if not dropped:
         return layout, ()
     return Layout(tuple(dims), layout.partial), tuple(dropped)
+
+
+class ProgramBoundary:
+    """What the lowering's walk asks at the program's edge, chosen once per program: the
+    layout each argument arrives in and each result leaves in, and which lowering rules may
+    apply inside (`admits`). Reports the sub-axes it had to drop (`drops`)."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+        self.drops: list[BoundaryDrop] = []
+
+    def argument(self, inside: Layout, shape: tuple[int, ...], what: str) -> Layout:
+        """The layout an argument tiled `inside` arrives in: its sub-axes that no sharding
+        can name dropped (`at_boundary`), and, tiled unevenly, its largest divisible layout
+        (jax needs divisible shardings; the program slices it into its padded tiles)."""
+        layout, dropped = at_boundary(inside, self.mesh)
+        if dropped:
+            self.drops.append(BoundaryDrop(what, dropped, inside, layout))
+        return layout.divisible(shape, self.mesh)
+
+    def result(self, inside: Layout, produced: Layout, shape: tuple[int, ...], what: str
+               ) -> Layout:
+        """The layout a result declared `inside` and made `produced` leaves in: as an
+        argument's, trimmed where it is uneven (whether that is allowed is the caller's
+        policy: `stages.uneven_outputs`)."""
+        return self.argument(inside, shape, what)
+
+    def admits(self, rule) -> bool:
+        """May the lowering rule `rule` (`rules.base.LoweringRule`) apply inside?"""
+        return True
+
+
+class AsProduced(ProgramBoundary):
+    """The TMR verifier's boundary: each result leaves in the layout its producer made it,
+    pending sums unreduced (the verifier runs one op's tiles and combines them itself), so no
+    rule that makes other layouts than the op's TMR entries applies."""
+
+    def result(self, inside: Layout, produced: Layout, shape: tuple[int, ...], what: str
+               ) -> Layout:
+        return produced
+
+    def admits(self, rule) -> bool:
+        return not rule.changes_layouts

@@ -12,6 +12,15 @@ from .emitter import Emitter
 from .layout import Layout
 
 
+class ConversionSharing:
+    """Which values' conversions the lowering's walk shares between consumers: one per value
+    and target layout, emitted once and cached across lowerings. All, unless a tactic asks
+    otherwise (ZeRO-3's regather, `rules/regather.py`); chosen once per program."""
+
+    def shared(self, v: Value) -> bool:
+        return True
+
+
 def emit_plan(em: Emitter, x: Value, plan) -> Value:
     """Apply the steps of a `RedistributionPlan` to the local value `x` (its source tile)."""
     from .redistribution import AllGather, AllPermute, AllSlice, AllToAll

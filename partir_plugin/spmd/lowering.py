@@ -7,8 +7,13 @@ full→tile all_slice (a local dynamic_slice at the device's block). Because eac
 straight from the produced layout to the consumed one, `all_slice(all_gather)` and
 `all_slice(all_reduce)` never materialise: they are fused as the paper says.
 
-This module is the generic walk (regions, tags, caching, conversions, forwarded sums); what
-a feature lowers differently is a rule of `spmd/rules/`, chosen once per op plan.
+This module is the generic walk (regions, tags, caching, conversions). What a feature
+lowers differently is a rule of `spmd/rules/`, chosen once per op plan; what it changes of the
+walk itself is a policy chosen once per program, which the walk calls without knowing the
+feature: the program's boundary (`boundary.ProgramBoundary`: sub-axes dropped at the user's
+shardings, or the TMR verifier's results as produced), which conversions are shared between
+consumers (`convert.ConversionSharing`: ZeRO-3's regather, `rules/regather.py`), and the
+pending sums an op or a loop carries (`accumulation.PendingSums`).
 """
 
 from __future__ import annotations
@@ -24,17 +29,17 @@ from ..ir.graph import Block, Func, Op, Region, Value, clone_region, walk
 from ..ir.opsets import PARTITIONED_REGIONS
 from ..ir.printer import print_func
 from ..ir.types import TensorType
-from .accumulation import PendingSums, forwarded_sum, linear_operands
-from .boundary import BoundaryDrop, at_boundary
+from .accumulation import PendingSums
+from .boundary import AsProduced, BoundaryDrop, ProgramBoundary
 from .collectives import count_collectives
 from .convert import convert
 from .emitter import Emitter
 from .layout import Layout
-from .op_plan import PLANNED_PER_OP, Nest, OpPlan, produced_layouts
+from .op_plan import PLANNED_PER_OP, Nest, OpPlan
 from .provenance import Conversion, mark_origin
 from .rules.base import RuleContext
-from .rules.regather import Regathered
-from .rules.registry import lower_with_rules, plan_rules
+from .rules.regather import conversion_sharing
+from .rules.registry import layouts_made, lower_with_rules, plan_rules
 
 
 @dataclass
@@ -101,8 +106,9 @@ class LoweringCache:
 
     def __init__(self):
         self.args: dict[tuple[Value, Layout], Value] = {}
+        # per kind of program boundary (which rules it admits):
         # (op name, nest, input types, result types) -> what lowering such an op needs
-        self.op_plans: dict[tuple, OpPlan] = {}
+        self.op_plans: dict[type[ProgramBoundary], dict[tuple, OpPlan]] = {}
         self.ops: dict[tuple, _Segment] = {}  # (op, its plan, forwarded sums) -> its code
         self.conversions: dict[tuple[Value, Layout, Layout], _Segment] = {}
 
@@ -131,10 +137,10 @@ _SHAPED_ATTRIBUTES = frozenset({"stablehlo.constant", "stablehlo.slice",
 
 class _Lowering:
     def __init__(self, state: PartitionState, cache: LoweringCache | None = None,
-                 as_produced: bool = False):
+                 boundary: ProgramBoundary | None = None):
         self.state = state
-        self.as_produced = as_produced
         self.mesh = state.mesh
+        self.boundary = boundary or ProgramBoundary(self.mesh)
         self.body = Block()
         self.em = Emitter(self.mesh, self.body)
         self.local: dict[Value, tuple[Value, Layout]] = {}
@@ -144,13 +150,14 @@ class _Lowering:
         self.defined: set[Value] = set()  # local values the top-level block defines so far
         self._swept = 0
         self.consumer: Op | None = None  # the op being lowered (None: the function's return)
-        self.pending = PendingSums(state)  # loop-carried accumulators keep their pending sums
-        self.regathered = Regathered(state)  # values whose conversions are per consumer
+        # loop-carried accumulators keep their pending sums
+        self.pending = PendingSums(state, self._layouts_made)
+        self.sharing = conversion_sharing(state)  # which conversions consumers share
         self.diagnostics: list[Warning] = []
-        # Plans (and the rules they chose) are shared through the cache; a lowering as
-        # produced chooses other rules, so it keeps its own.
-        self.op_plans: dict[tuple, OpPlan] = (cache.op_plans if cache is not None
-                                              and not as_produced else {})
+        # Plans (and the rules they chose) are shared through the cache between lowerings
+        # whose boundaries admit the same rules.
+        self.op_plans: dict[tuple, OpPlan] = (
+            cache.op_plans.setdefault(type(self.boundary), {}) if cache is not None else {})
 
     def declared(self, v: Value) -> Layout:
         return Layout.from_tiles(v.type.rank, self.state.tiles_of(v), mesh=self.mesh)
@@ -159,29 +166,31 @@ class _Lowering:
         x, have = self.local[v]
         if have is want or have == want:  # most edges: nothing to convert
             return x
-        if self.regathered(v):
-            return self._convert(v, x, have, want)  # each consumer gathers afresh
+        if not self.sharing.shared(v):
+            return self._convert(v, x, have, want)  # each consumer converts afresh
         key = (v, want)
         y = self.converted.get(key)
         if y is None:
             y = self.converted[key] = self._convert(v, x, have, want)
         return y
 
-    def _inputs(self, values: list[Value], wanted) -> list[Value]:
+    def _inputs(self, values: list[Value], wanted, kept: tuple[int, ...] = ()
+                ) -> list[Value]:
         """`use` of each of `values` in the layout `wanted` of it: the local value itself
-        where it has that layout already (most edges), without a call per edge."""
+        where it has that layout already (most edges), without a call per edge, or where it
+        is one of the `kept` (read as it comes: a forwarded pending sum)."""
         local = self.local
         out = []
-        for v, want in zip(values, wanted):
+        for i, (v, want) in enumerate(zip(values, wanted)):
             x, have = local[v]
-            out.append(x if have is want else self.use(v, want))
+            out.append(x if have is want or i in kept else self.use(v, want))
         return out
 
     def _convert(self, v: Value, x: Value, have: Layout, want: Layout) -> Value:
         if have == want or not x.type.is_tensor:
             return x
-        # A value gathered afresh for each consumer has one segment per consumer: not cached.
-        caching = self.cache is not None and self.top and not self.regathered(v)
+        # A conversion made afresh for each consumer has one segment per consumer: not cached.
+        caching = self.cache is not None and self.top and self.sharing.shared(v)
         if caching:
             hit = self.cache.conversions.get((v, have, want))
             if hit is not None and self._reuse(hit, [x]):
@@ -221,15 +230,10 @@ class _Lowering:
 
     def run(self) -> SpmdProgram:
         func = self.state.func
-        in_layouts, drops = [], []
+        boundary = self.boundary
+        in_layouts = []
         for a, name in zip(func.args, _arg_labels(func)):
-            inside = self.declared(a)
-            layout, dropped = at_boundary(inside, self.mesh)
-            if dropped:
-                drops.append(BoundaryDrop(f"argument {name!r}", dropped, inside, layout))
-            # An argument tiled unevenly comes in on its largest divisible layout (jax needs
-            # divisible shardings) and is sliced into its padded tiles here.
-            layout = layout.divisible(a.type.shape, self.mesh)
+            layout = boundary.argument(self.declared(a), a.type.shape, f"argument {name!r}")
             in_layouts.append(layout)
             local = self.cache.args.get((a, layout)) if self.cache is not None else None
             if local is None:
@@ -250,23 +254,16 @@ class _Lowering:
         self.consumer = None
         for k, v in enumerate(func.returns):
             self.em.serving = v.producer
-            if self.as_produced:
-                layout = self.local[v][1]
-            else:
-                inside = self.declared(v)
-                layout, dropped = at_boundary(inside, self.mesh)
-                if dropped:
-                    drops.append(BoundaryDrop(f"result {k}", dropped, inside, layout))
-                # An output tiled unevenly leaves on its largest divisible layout, trimmed
-                # (whether that is allowed is the caller's policy: `pipeline.uneven_outputs`).
-                layout = layout.divisible(v.type.shape, self.mesh)
+            layout = boundary.result(self.declared(v), self.local[v][1], v.type.shape,
+                                     f"result {k}")
             out_layouts.append(layout)
             returns.append(self.use(v, layout))
         if self.cache is not None:
             self.cache.trim()
         local = Func(func.name, self.body, returns, list(func.arg_names))
         return SpmdProgram(local, self.mesh, in_layouts, out_layouts,
-                           count_collectives(walk(self.body.ops)), drops, self.diagnostics)
+                           count_collectives(walk(self.body.ops)), boundary.drops,
+                           self.diagnostics)
 
     def lower_op(self, op: Op) -> None:
         self.consumer = self.em.serving = op
@@ -294,13 +291,8 @@ class _Lowering:
             for rule in plan.early:  # on every lowering: the incoming layouts are no key
                 rule.check(ctx)
         wanted = plan.wanted
-        forwarded = self._forwarded_sum(op, wanted) if plan.may_forward else ()
-        if forwarded:
-            linear = linear_operands(op, self.pending.chain)
-            inputs = [self.local[v][0] if i in linear else self.use(v, lay)
-                      for i, (v, lay) in enumerate(zip(op.inputs, wanted))]
-        else:
-            inputs = self._inputs(op.inputs, wanted)
+        forwarded = self.pending.lowered(op, wanted, self.local)
+        inputs = self._inputs(op.inputs, wanted, self.pending.kept(op, forwarded))
         caching = self.cache is not None and self.top and not op.captures
         if caching:
             key = (op, plan, forwarded)  # the plan stands for the nest (`_plan`)
@@ -311,8 +303,7 @@ class _Lowering:
                 self.diagnostics += hit.diagnostics
                 return
             start, reported = len(self.body.ops), len(self.diagnostics)
-        produced = (produced_layouts(op, nest, forwarded, self.mesh) if forwarded
-                    else plan.produced)
+        produced = plan.produced_with(op, nest, forwarded, self.mesh)
         operands = inputs[: len(op.operands)]
         regions = []
         if op.regions:  # few ops have any: their captures map into the copies
@@ -355,14 +346,13 @@ class _Lowering:
         plan = self.op_plans.get(key)
         if plan is None:
             plan = self.op_plans[key] = OpPlan.make(op, nest, self.mesh)
-            plan_rules(op, nest, plan, self.mesh, self.as_produced)
+            plan_rules(op, nest, plan, self.mesh, self.boundary.admits)
         return plan
 
-    def _forwarded_sum(self, op: Op, wanted: tuple[Layout, ...]) -> tuple:
-        """The pending sum `op` runs on (`accumulation.forwarded_sum`), from the layouts its
-        operands were lowered in."""
-        local, operands = self.local, op.operands
-        return forwarded_sum(op, wanted, lambda i: local[operands[i]][1], self.pending.chain)
+    def _layouts_made(self, op: Op) -> list[Layout] | None:
+        """The layouts `op`'s rules make its results in, where not its TMR entries'."""
+        nest = self.state.nest_of(op)
+        return layouts_made(self._plan(op, nest), self.state, op, nest)
 
     def _lower_regions(self, op: Op) -> None:
         """`while` and `case`, whose regions are partitioned like the top level. A loop-carried
@@ -370,10 +360,8 @@ class _Lowering:
         operands are converted to it, each region is lowered once with it, and the values a
         region returns are converted to it before its terminator. Outer values a region uses
         are converted inside it (implicit captures)."""
-        layouts = [self.declared(r) for r in op.results]
-        if op.name == "stablehlo.while":
-            layouts = [Layout(lay.dims, self.pending.carried(op, k))
-                       for k, lay in enumerate(layouts)]
+        layouts = self.pending.loop_layouts(op, [self.declared(r) for r in op.results])
+        if op.name == "stablehlo.while":  # its operands are the carried values
             operands = [self.use(v, lay) for v, lay in zip(op.operands, layouts)]
         else:  # case: the branch index
             operands = [self.use(v, self.declared(v)) for v in op.operands]
@@ -437,4 +425,4 @@ def lower_to_spmd(state: PartitionState, cache: LoweringCache | None = None, *,
 
     `as_produced` returns each result in the layout its producer made it, pending sums left
     unreduced (the TMR verifier runs one op's tiles and combines them itself)."""
-    return _Lowering(state, cache, as_produced).run()
+    return _Lowering(state, cache, AsProduced(state.mesh) if as_produced else None).run()

@@ -10,9 +10,7 @@ from typing import Any
 from ..core.mesh import Mesh
 from ..core.tmr import Sum, TMREntry, pending_sums
 from ..ir.graph import Op
-from ..ir.opsets import PENDING_SUM_CHAIN
 from ..ir.types import TensorType
-from .accumulation import LINEAR_OPERANDS
 from .layout import Layout
 from .masking import Mask, masks
 
@@ -21,6 +19,13 @@ Nest = tuple[tuple[str, TMREntry], ...]  # an op's loop nest: (mesh axis, TMR en
 # Ops whose masks and rules depend on attributes besides their types (a gather's dimension
 # numbers: an embedding lookup or not): planned per op, not per name, types and nest.
 PLANNED_PER_OP = frozenset({"stablehlo.gather"})
+
+
+def wanted_layouts(op: Op, nest: Nest, mesh: Mesh) -> tuple[Layout, ...]:
+    """The layouts the op's nest consumes its inputs in (tiled as its entries tile them)."""
+    return tuple(Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
+                                                 if e.operands[i] is not None], mesh=mesh)
+                 for i, v in enumerate(op.inputs))
 
 
 def produced_layouts(op: Op, nest: Nest, forwarded: tuple, mesh: Mesh) -> list[Layout]:
@@ -42,7 +47,6 @@ class OpPlan:
     result_types: tuple[TensorType, ...]
     masks: tuple[Mask, ...]
     own: tuple[str, ...]  # the axes of entries whose partials only the op's reducer combines
-    may_forward: bool  # a linear or shape op, which may forward a pending sum
     # The `rules.base.LoweringRule`s that apply, set by `rules.registry.plan_rules` (typed
     # `Any` here: the rules import this module, and the package keeps no import cycle, not
     # even a typing-only one).
@@ -53,12 +57,15 @@ class OpPlan:
 
     @classmethod
     def make(cls, op: Op, nest: Nest, mesh: Mesh) -> OpPlan:
-        wanted = tuple(Layout.from_tiles(v.type.rank, [(a, e.operands[i]) for a, e in nest
-                                                       if e.operands[i] is not None], mesh=mesh)
-                       for i, v in enumerate(op.inputs))
+        wanted = wanted_layouts(op, nest, mesh)
         produced = tuple(produced_layouts(op, nest, (), mesh))
         result_types = tuple(lay.local_type(r.type, mesh) for lay, r in zip(produced, op.results))
         own = tuple(a for a, e in nest
                     if any(isinstance(r, Sum) and not r.pending for r in e.results))
-        return cls(wanted, produced, result_types, tuple(masks(op, nest, mesh)), own,
-                   op.name in PENDING_SUM_CHAIN or op.name in LINEAR_OPERANDS)
+        return cls(wanted, produced, result_types, tuple(masks(op, nest, mesh)), own)
+
+    def produced_with(self, op: Op, nest: Nest, forwarded: tuple, mesh: Mesh
+                      ) -> tuple[Layout, ...] | list[Layout]:
+        """The results' layouts when the op runs on the pending sum `forwarded`
+        (`accumulation.PendingSums.lowered`; most ops forward none: `produced`)."""
+        return produced_layouts(op, nest, forwarded, mesh) if forwarded else self.produced

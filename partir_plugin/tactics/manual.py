@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import enum
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any
 from ..core.actions import Leaf, TacticContext
 from ..core.state import PartitionState
 from ..errors import PartitionError
+from ..spmd.rules.regather import Regather
 from .base import Tactic
 
 
@@ -31,23 +31,6 @@ REPLICATED = _Selector("REPLICATED")  # keep replicated on the tactic's axis (at
 FIRST_DIVISIBLE_DIM = _Selector("FIRST_DIVISIBLE_DIM")  # tile the first dim that divides
 UNKNOWN = _Selector("UNKNOWN")  # no decision: let propagation decide
 
-
-class Regather(enum.StrEnum):
-    """Which of an argument's tiled leaves are gathered afresh for each consumer instead of
-    once for all (ZeRO-3's parameters; the backward pass's uses among the consumers).
-
-    VECTORS is what jax.jit's partitioner ends with on the transformers: a norm scale or bias
-    gathered once and used in the forward and backward passes makes XLA merge the broadcasts
-    of it into one `[batch, seq, d]` buffer that lives from one pass to the other; gathered
-    per use, each broadcast fuses into its consumer (measured: issue 24, docs/BENCHMARKS.md).
-    Matrices stay gathered once: XLA keeps the gathered copy either way."""
-
-    NONE = "none"
-    VECTORS = "vectors"  # leaves of rank <= 1
-    ALL = "all"
-
-    def covers(self, rank: int) -> bool:
-        return self is Regather.ALL or (self is Regather.VECTORS and rank <= 1)
 
 Selector = Any  # int | _Selector | dict | Callable[[str, tuple], Any] | None
 

@@ -61,6 +61,12 @@ class LoweringRule:
         """The op's local results and their layouts, or None to lower it otherwise."""
         return None
 
+    def layouts(self, state: PartitionState, op: Op, nest: Nest) -> list[Layout] | None:
+        """The layouts a rule that `changes_layouts` makes `op`'s results in, None where it
+        keeps the TMR entries' (the pending-sum prediction asks: `accumulation.PendingSums`).
+        Depends on the partitioned program alone, not on the incoming layouts."""
+        return None
+
     def before(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str]
                ) -> list[Value]:
         return operands

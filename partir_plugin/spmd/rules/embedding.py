@@ -79,6 +79,10 @@ class ScatterExchange(LoweringRule):
         axes = exchange_axes(ctx.state, ctx.op, ctx.nest)
         return _exchanged_scatter(ctx, axes) if axes else None
 
+    def layouts(self, state: PartitionState, op: Op, nest: Nest) -> list[Layout] | None:
+        axes = exchange_axes(state, op, nest)
+        return [_exchanged_layout(op, nest, axes, state.mesh)] if axes else None
+
 
 def exchange_axes(state: PartitionState, op: Op, nest: Nest) -> tuple[str, ...]:
     """The axes over which `op`'s pending sum is better made by exchanging its updates: those
@@ -107,6 +111,17 @@ def exchange_axes(state: PartitionState, op: Op, nest: Nest) -> tuple[str, ...]:
     return axes if gathered.local_type(updates.type, mesh).nbytes <= reduced else ()
 
 
+def _exchanged_layout(op: Op, nest: Nest, axes: tuple[str, ...], mesh: Mesh) -> Layout:
+    """The exchanged scatter's result: tiled as the nest tiles it and on the indexed
+    dimension over the exchanged `axes`, still summed over the nest's other Sum axes."""
+    return Layout.from_tiles(
+        op.results[0].type.rank,
+        [(a, e.results[0]) for a, e in nest if not isinstance(e.results[0], Sum)]
+        + [(a, scatter_dim(op)) for a in axes],
+        [(a, e.results[0].reduction) for a, e in nest
+         if isinstance(e.results[0], Sum) and a not in axes], mesh=mesh)
+
+
 def _exchanged_scatter(ctx: RuleContext, axes: tuple[str, ...]) -> list[tuple[Value, Layout]]:
     op, nest, em, mesh = ctx.op, ctx.nest, ctx.em, ctx.mesh
     k = scatter_dim(op)
@@ -117,12 +132,7 @@ def _exchanged_scatter(ctx: RuleContext, axes: tuple[str, ...]) -> list[tuple[Va
         return [(a, e.operands[i]) for a, e in nest
                 if e.operands[i] is not None and a not in axes]
 
-    produced = Layout.from_tiles(
-        result.type.rank,
-        [(a, e.results[0]) for a, e in nest if not isinstance(e.results[0], Sum)]
-        + [(a, k) for a in axes],
-        [(a, e.results[0].reduction) for a, e in nest
-         if isinstance(e.results[0], Sum) and a not in axes], mesh=mesh)
+    produced = _exchanged_layout(op, nest, axes, mesh)
     local = [ctx.use(ids, Layout.from_tiles(ids.type.rank, kept(1), mesh=mesh)),
              ctx.use(updates, Layout.from_tiles(updates.type.rank, kept(2), mesh=mesh))]
     # Tiles still summed over other axes may be padded: their padding is masked as any

@@ -3,8 +3,12 @@ rules, made once per op plan."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...core.mesh import Mesh
+from ...core.state import PartitionState
 from ...ir.graph import Op, Region, Value
+from ..layout import Layout
 from ..op_plan import Nest, OpPlan
 from .base import LoweringRule, RuleContext
 from .dynamic_slice import DynamicSliceClamp
@@ -30,16 +34,27 @@ _BY_NAME: dict[str, tuple[LoweringRule, ...]] = {
     for rule in RULES for name in rule.ops or ()}
 
 
-def plan_rules(op: Op, nest: Nest, plan: OpPlan, mesh: Mesh, as_produced: bool = False
-               ) -> None:
+def plan_rules(op: Op, nest: Nest, plan: OpPlan, mesh: Mesh,
+               admits: Callable[[LoweringRule], bool] | None = None) -> None:
     """Set `plan.rules`, the rules that apply to `op` in `nest` (none: the op is lowered as
-    itself on local shapes), and `plan.early`; `as_produced` leaves out the rules that make
-    other layouts than the TMR entries."""
+    itself on local shapes), and `plan.early`; only rules the program's boundary `admits`
+    (`boundary.ProgramBoundary.admits`; the verifier's admits none that change layouts)."""
     plan.rules = tuple(r for r in _BY_NAME.get(op.name, _ANY_OP)
-                       if (not as_produced or not r.changes_layouts)
-                       and r.matches(op, nest, plan, mesh))
+                       if (admits is None or admits(r)) and r.matches(op, nest, plan, mesh))
     plan.early = tuple(r for r in plan.rules if type(r).check is not LoweringRule.check
                        or type(r).replace is not LoweringRule.replace)
+
+
+def layouts_made(plan: OpPlan, state: PartitionState, op: Op, nest: Nest
+                 ) -> list[Layout] | None:
+    """The layouts the rules of `plan` make `op`'s results in where some rule makes other
+    layouts than its TMR entries' (`LoweringRule.layouts`), else None."""
+    for rule in plan.rules:
+        if rule.changes_layouts:
+            made = rule.layouts(state, op, nest)
+            if made is not None:
+                return made
+    return None
 
 
 def lower_with_rules(ctx: RuleContext, operands: list[Value], attrs: dict[str, str],

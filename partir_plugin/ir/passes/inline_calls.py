@@ -1,0 +1,101 @@
+"""Calls and composites inlined: each `func.call`, and each `stablehlo.composite` the importer
+does not keep whole (`dialect.KEPT_COMPOSITES`), replaced by a copy of its callee's body (a
+composite's decomposition: its meaning, partitioned like any other code; the composite's name,
+which a backend could map to a fused kernel, is not kept).
+
+The importer imports each callee once (`Func.callees`); a copy per call site is cheaper than
+reading the callee's MLIR again. The copies keep everything the importer gave the callee's
+ops (Shardy's rules, locations, tags, captures), so inlined code is what importing it at the
+call site made; a region that held a call has its captures found again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+
+from ..graph import Block, Func, Op, Region, Value, captures_of
+from .pipeline import FuncPass
+
+CALL_OPS = frozenset({"func.call", "stablehlo.composite"})
+# The attribute a call op keeps its callee's symbol name in (the importer's).
+CALLEE = "callee"
+
+
+@dataclass(frozen=True)
+class InlineCalls(FuncPass):
+    name = "inline-calls"
+
+    def wanted(self, seen: Set[str]) -> bool:
+        return not CALL_OPS.isdisjoint(seen)
+
+    def apply(self, func: Func) -> None:
+        inlined: dict[str, Func] = {}  # callees whose own calls are inlined
+
+        def callee(name: str) -> Func:
+            body = inlined.get(name)
+            if body is None:
+                body = inlined[name] = func.callees[name]
+                _inline_func(body, callee)
+            return body
+
+        _inline_func(func, callee)
+        func.callees = {}
+
+
+def _inline_func(func: Func, callee: Callable[[str], Func]) -> None:
+    replaced: dict[Value, Value] = {}  # an inlined call's results -> what its copy returns
+    _inline(func.body, replaced, callee)
+    func.returns = [replaced.get(v, v) for v in func.returns]
+
+
+def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], Func]) -> bool:
+    """Inline the calls of `block` in place; whether it (or a region in it) held one."""
+    ops: list[Op] = []
+    held = False
+    for op in block.ops:
+        if replaced:
+            op.operands = [replaced.get(v, v) for v in op.operands]
+        if op.regions:
+            inner = [_inline(b, replaced, callee) for r in op.regions for b in r.blocks]
+            if any(inner):
+                op.captures = captures_of(op)
+                held = True
+            elif replaced and op.captures:
+                op.captures = list(dict.fromkeys(replaced.get(v, v) for v in op.captures))
+        if op.name in CALL_OPS:
+            body = callee(op.attributes[CALLEE])
+            env: dict[Value, Value] = dict(zip(body.args, op.operands))
+            ops += [_copy(o, env) for o in body.ops]
+            for r, v in zip(op.results, body.returns):
+                replaced[r] = env.get(v, v)
+            held = True
+            continue
+        ops.append(op)
+    block.ops = ops
+    return held
+
+
+def _copy(op: Op, env: dict[Value, Value]) -> Op:
+    """A copy of `op` reading through `env` (which gains its results and block arguments),
+    with all the importer gave it."""
+    regions = []
+    for region in op.regions:
+        copy = Region()
+        for block in region.blocks:
+            b = Block()
+            for a in block.args:
+                env[a] = b.add_arg(a.type)
+            b.ops = [_copy(o, env) for o in block.ops]
+            copy.blocks.append(b)
+        regions.append(copy)
+    new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
+             op.attributes, regions)
+    new.rule = op.rule
+    new.mlir_location = op.mlir_location
+    if op.captures:
+        new.captures = list(dict.fromkeys(env.get(v, v) for v in op.captures))
+    for r, n in zip(op.results, new.results):
+        n.tag = r.tag
+        env[r] = n
+    return new
