@@ -135,3 +135,15 @@ def test_windows_on_padded_tiles_example():
     for axes in (("a", "b"), ("b", "a")):
         for grad in (False, True):
             accepted(recipe, [TileIfPossible(axis, ((0, 1),)) for axis in axes], grad=grad)
+
+
+def test_a_collective_before_any_located_op_prints_its_name_alone():
+    """Nightly program 1731: a `(1, 1)` argument whose dimension 0 is tiled over 'a' then 'b'
+    (a size-1 dim padded to 8 tiles), transposed and returned: the program opens with a
+    collective on the argument, before any op whose location it could borrow, and the
+    printer failed on its missing location (issue 36's names)."""
+    recipe = Recipe(args=((1, 1),), ops=(("transpose", ("a", 0), (0, 1)),),
+                    outputs=(("v", 0),))
+    for grad in (False, True):
+        accepted(recipe, [TileIfPossible("a", ((0, 0),)), TileIfPossible("b", ((0, 0),))],
+                 grad=grad)

@@ -87,14 +87,16 @@ class LocationAliases:
 
     def named(self, name: str, location) -> str:
         """The alias of `NameLoc(name, frames of location)`: `location` with its name stack
-        replaced by `name` (a collective named after the op it serves, at its lines)."""
+        replaced by `name` (a collective named after the op it serves, at its lines); the
+        name alone where there is no location (a collective on an argument before any op)."""
         key = (name, id(location))
         alias = self._named.get(key)
         if alias is None:
-            frames = frames_of(location)
+            frames = frames_of(location) if location is not None else None
             inner = f"({self._node(frames)})" if frames is not None else ""
             alias = self._named[key] = self._define(f'"{escape(scope_name(name))}"{inner}')
-            self._top.setdefault(id(location), (location, self.ref(location)))
+            if location is not None:  # kept alive: ids stay unique
+                self._top.setdefault(id(location), (location, self.ref(location)))
         return alias
 
     def has_user_frame(self, loc) -> bool:
