@@ -114,6 +114,7 @@ class _Importer:
                 self.seen.add(name)
                 call = Op(name, [env[v] for v in op.operands],
                           [self._type(r.type) for r in op.results], {CALLEE: callee})
+                call.mlir_location = self._location(op)  # the scope of the inlined body
                 for r, v in zip(op.results, call.results):
                     env[r] = v
                 out.append(call)

@@ -6,7 +6,10 @@ which a backend could map to a fused kernel, is not kept).
 The importer imports each callee once (`Func.callees`); a copy per call site is cheaper than
 reading the callee's MLIR again. The copies keep everything the importer gave the callee's
 ops (Shardy's rules, locations, tags, captures), so inlined code is what importing it at the
-call site made; a region that held a call has its captures found again.
+call site made; a region that held a call has its captures found again. Each copy's name
+stack is prefixed with the call's, as XLA's call inliner names what it inlines
+(`.../while/body/closed_call/blocks._scan_body/...`, jax.jit's op_name for the body of a
+Flax `nn.scan`), so a profile of the partitioned step shows where the body was called.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 from ..graph import Block, Func, Op, Region, Value, captures_of
+from ..locations import location_name
 from .pipeline import FuncPass
 
 CALL_OPS = frozenset({"func.call", "stablehlo.composite"})
@@ -45,11 +49,45 @@ class InlineCalls(FuncPass):
 
 def _inline_func(func: Func, callee: Callable[[str], Func]) -> None:
     replaced: dict[Value, Value] = {}  # an inlined call's results -> what its copy returns
-    _inline(func.body, replaced, callee)
+    _inline(func.body, replaced, callee, _Scopes())
     func.returns = [replaced.get(v, v) for v in func.returns]
 
 
-def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], Func]) -> bool:
+class _Scopes:
+    """Locations under a call's name stack, one object per (scope, location): the printer
+    defines each distinct location once, by identity."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, object], object] = {}
+
+    def under(self, scope: str | None, location):
+        """`location` with its name stack prefixed by `scope` (`scope/name`)."""
+        if not scope or location is None:
+            return location
+        key = (scope, location.attr)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = _prefixed(scope, location)
+        return made
+
+
+def _prefixed(scope: str, location):
+    """`location` with `scope/` before its name stack (the outermost name that is not an
+    op type `"dot_general:"`); a location without one gets `scope` as its name."""
+    from jaxlib.mlir import ir
+
+    with location.context:
+        if isinstance(location, ir.NameLoc):
+            name = location.name_str
+            child = location.child_loc
+            if name.endswith(":"):
+                return ir.Location.name(name, childLoc=_prefixed(scope, child))
+            return ir.Location.name(f"{scope}/{name}", childLoc=child)
+        return ir.Location.name(scope, childLoc=location)
+
+
+def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], Func],
+            scopes: _Scopes) -> bool:
     """Inline the calls of `block` in place; whether it (or a region in it) held one."""
     ops: list[Op] = []
     held = False
@@ -57,7 +95,7 @@ def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], 
         if replaced:
             op.operands = [replaced.get(v, v) for v in op.operands]
         if op.regions:
-            inner = [_inline(b, replaced, callee) for r in op.regions for b in r.blocks]
+            inner = [_inline(b, replaced, callee, scopes) for r in op.regions for b in r.blocks]
             if any(inner):
                 op.captures = captures_of(op)
                 held = True
@@ -66,7 +104,8 @@ def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], 
         if op.name in CALL_OPS:
             body = callee(op.attributes[CALLEE])
             env: dict[Value, Value] = dict(zip(body.args, op.operands))
-            ops += [_copy(o, env) for o in body.ops]
+            scope = location_name(op.mlir_location) if op.mlir_location is not None else None
+            ops += [_copy(o, env, scope, scopes) for o in body.ops]
             for r, v in zip(op.results, body.returns):
                 replaced[r] = env.get(v, v)
             held = True
@@ -76,9 +115,9 @@ def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], 
     return held
 
 
-def _copy(op: Op, env: dict[Value, Value]) -> Op:
+def _copy(op: Op, env: dict[Value, Value], scope: str | None, scopes: _Scopes) -> Op:
     """A copy of `op` reading through `env` (which gains its results and block arguments),
-    with all the importer gave it."""
+    with all the importer gave it, its location under the call's `scope`."""
     regions = []
     for region in op.regions:
         copy = Region()
@@ -86,13 +125,13 @@ def _copy(op: Op, env: dict[Value, Value]) -> Op:
             b = Block()
             for a in block.args:
                 env[a] = b.add_arg(a.type)
-            b.ops = [_copy(o, env) for o in block.ops]
+            b.ops = [_copy(o, env, scope, scopes) for o in block.ops]
             copy.blocks.append(b)
         regions.append(copy)
     new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
              op.attributes, regions)
     new.rule = op.rule
-    new.mlir_location = op.mlir_location
+    new.mlir_location = scopes.under(scope, op.mlir_location)
     if op.captures:
         new.captures = list(dict.fromkeys(env.get(v, v) for v in op.captures))
     for r, n in zip(op.results, new.results):
