@@ -21,6 +21,7 @@ from ..ir.graph import Func
 from ..ir.importer import import_lowered, import_stablehlo
 from ..ir.locations import kernel_path_prefixes
 from ..tactics.base import Tactic, as_tactic
+from ..tactics.layer_loop import one_trace
 
 
 def key_path_str(path) -> str:
@@ -138,6 +139,7 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None) -> Traced:
     hooks = [(entry, hook) for entry in schedule
              if (hook := as_tactic(entry).trace_hook(mesh)) is not None]
     with contextlib.ExitStack() as stack:
+        stack.enter_context(one_trace())
         hooked = [(entry, stack.enter_context(hook)) for entry, hook in hooks]
         traced_fn = (lambda *a: fn(*a)) if hooks else fn
         lowered = jax.jit(traced_fn, keep_unused=True).lower(*abstract)

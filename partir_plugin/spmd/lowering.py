@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 from ..core.mesh import Mesh
@@ -151,7 +152,10 @@ class _Lowering:
         self._swept = 0
         self.consumer: Op | None = None  # the op being lowered (None: the function's return)
         # loop-carried accumulators keep their pending sums
-        self.pending = PendingSums(state, self._layouts_made)
+        # (through a weak reference: a lowering is no reference cycle, so it is freed when
+        # done, not left to the collector; a search lowers thousands)
+        made = weakref.WeakMethod(self._layouts_made)
+        self.pending = PendingSums(state, lambda op: made()(op))
         self.sharing = conversion_sharing(state)  # which conversions consumers share
         self.diagnostics: list[Warning] = []
         # Plans (and the rules they chose) are shared through the cache between lowerings

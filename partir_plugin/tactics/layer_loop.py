@@ -10,6 +10,7 @@ to the hooks entered for it and every other scan to jax.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 from collections.abc import Callable
@@ -134,18 +135,37 @@ class LayerLoopHook:
 
     def __enter__(self) -> Tactic:
         _SCAN.__enter__()
-        self._token = _ACTIVE.set((*_ACTIVE.get(), self))
+        traces = _ACTIVE.get()
+        # Alone (not inside `one_trace`): a trace of its own.
+        self._token = None if traces else _ACTIVE.set(([],))
+        self._group = _ACTIVE.get()[-1]
+        self._group.append(self)
         return self.entered()
 
     def __exit__(self, *exc) -> None:
-        _ACTIVE.reset(self._token)
+        self._group.remove(self)
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
         _SCAN.__exit__()
 
 
-# The layer-loop hooks of the traces running in this context (thread, task): the one
-# `jax.lax.scan` wrapper dispatches on them, so traces on two threads each hook their own.
-_ACTIVE: contextvars.ContextVar[tuple[LayerLoopHook, ...]] = contextvars.ContextVar(
+# The layer-loop hooks of the traces running in this context (thread, task), one list per
+# trace, the innermost last: the one `jax.lax.scan` wrapper dispatches on the innermost
+# trace's hooks, so traces on two threads, or a trace inside another's step, each hook
+# their own loop.
+_ACTIVE: contextvars.ContextVar[tuple[list[LayerLoopHook], ...]] = contextvars.ContextVar(
     "partir_layer_loop_hooks", default=())
+
+
+@contextlib.contextmanager
+def one_trace():
+    """The hooks entered inside belong to one trace (`frontend.trace` enters a schedule's
+    hooks so), apart from the hooks of any trace around it."""
+    token = _ACTIVE.set((*_ACTIVE.get(), []))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 class _ScanPatch:
@@ -183,7 +203,8 @@ def _dispatching_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **
     """`jax.lax.scan` while a hook is entered: the first scan over stacked layers goes to
     this context's open hooks (`LayerLoopHook`), every other to jax."""
     call = ScanCall(f, init, xs, length, reverse, unroll, kwargs)
-    hooks = [h for h in _ACTIVE.get() if h.open]
+    traces = _ACTIVE.get()
+    hooks = [h for h in traces[-1] if h.open] if traces else []
     if not hooks:
         return call.run()
     call.site = call_site()
