@@ -31,6 +31,7 @@ def plans(model):
                        model_rule=megatron.transformer_rule)
 
 
+@pytest.mark.slow  # a search of eight estimates
 def test_plans_are_sorted_fit_and_say_why(plans):
     assert len(plans) >= 2
     times = [p.estimate.step_time_s for p in plans]
@@ -48,6 +49,7 @@ def test_plans_are_sorted_fit_and_say_why(plans):
     assert {"data", "model"} & set(plans[0].mesh)
 
 
+@pytest.mark.slow  # compiles and runs the best plan's step beside jax.jit's
 def test_the_best_plan_runs_with_jax_jits_numbers(model, plans):
     step, args = model
     best = plans[0]

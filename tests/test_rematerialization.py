@@ -91,6 +91,7 @@ def _mlp(schedule: str):
                 _MLP_SCHEDULES[schedule](), f"MLP [{schedule}]")
 
 
+@pytest.mark.slow  # compiles the scanned MLP under four schedules
 def test_rm_full_gives_jax_jit_numbers_and_halves_temporaries_dots_in_between():
     (bp, _), (full, rows), (dots, dots_rows) = map(_mlp, ("BP", "BP,RM", "BP,RM(dots)"))
     assert full <= bp / 2, f"RM('full') temporaries {full} B, [BP]'s {bp} B: not halved"
@@ -171,6 +172,7 @@ def _tokens_bp():
     return partir.tactic("BP", axis="batch", inputs=("tokens",))
 
 
+@pytest.mark.slow  # compiles the Flax LM step twice (about 25 s)
 def test_flax_nn_scan_lm_under_bp_rm():
     step, args = _lm()
     bp = _temp_bytes(partir.jit(step, {"batch": 4}, [_tokens_bp()])[0], args)
@@ -195,6 +197,7 @@ class DropoutStack(nn.Module):
         return blocks(x, None)[0]
 
 
+@pytest.mark.slow  # compiles a Flax step with dropout, partitioned and not
 def test_flax_dropout_in_the_scanned_body_keeps_jax_jit_keys():
     """RM traces the layer body more than once (its figures, the names it checks): Flax
     counts the keys its scopes draw per trace, so those traces must leave the counters as
