@@ -9,7 +9,10 @@ ops (Shardy's rules, locations, tags, captures), so inlined code is what importi
 call site made; a region that held a call has its captures found again. Each copy's name
 stack is prefixed with the call's, as XLA's call inliner names what it inlines
 (`.../while/body/closed_call/blocks._scan_body/...`, jax.jit's op_name for the body of a
-Flax `nn.scan`), so a profile of the partitioned step shows where the body was called.
+Flax `nn.scan`), so a profile of the partitioned step shows where the body was called. A
+copied op with no source frames of its own (jax prints a callee's ops with names only) takes
+the call's frames, as XLA's inliner gives an inlined instruction the call's stack frame: its
+profile events point at the user's line that called `jnp.take` or `jnp.clip`.
 """
 
 from __future__ import annotations
@@ -58,22 +61,33 @@ class _Scopes:
     defines each distinct location once, by identity."""
 
     def __init__(self) -> None:
-        self._made: dict[tuple[str, object], object] = {}
+        self._made: dict[tuple[str, object, object], object] = {}
 
-    def under(self, scope: str | None, location):
-        """`location` with its name stack prefixed by `scope` (`scope/name`)."""
+    def under(self, scope: str | None, location, call):
+        """`location` with its name stack prefixed by `scope` (`scope/name`), and the frames
+        of `call` (the call op's location) where it has none."""
         if not scope or location is None:
             return location
-        key = (scope, location.attr)
+        key = (scope, location.attr, call.attr)
         made = self._made.get(key)
         if made is None:
-            made = self._made[key] = _prefixed(scope, location)
+            made = self._made[key] = _prefixed(scope, location, _frames(call))
         return made
 
 
-def _prefixed(scope: str, location):
+def _frames(location):
+    """What follows a location's names: its frames (a call site or file:line), or None."""
+    from jaxlib.mlir import ir
+
+    while isinstance(location, ir.NameLoc):
+        location = location.child_loc
+    return None if isinstance(location, ir.UnknownLoc) else location
+
+
+def _prefixed(scope: str, location, frames):
     """`location` with `scope/` before its name stack (the outermost name that is not an
-    op type `"dot_general:"`); a location without one gets `scope` as its name."""
+    op type `"dot_general:"`), and `frames` after its names where it has none; a location
+    without a name gets `scope` as its name."""
     from jaxlib.mlir import ir
 
     with location.context:
@@ -81,9 +95,23 @@ def _prefixed(scope: str, location):
             name = location.name_str
             child = location.child_loc
             if name.endswith(":"):
-                return ir.Location.name(name, childLoc=_prefixed(scope, child))
+                return ir.Location.name(name, childLoc=_prefixed(scope, child, frames))
+            if frames is not None and _frames(child) is None:
+                child = _with_frames(child, frames)
             return ir.Location.name(f"{scope}/{name}", childLoc=child)
+        if frames is not None and _frames(location) is None:
+            return ir.Location.name(scope, childLoc=frames)
         return ir.Location.name(scope, childLoc=location)
+
+
+def _with_frames(location, frames):
+    """A frameless `location` (names over unknown) with `frames` in the unknown's place."""
+    from jaxlib.mlir import ir
+
+    if isinstance(location, ir.NameLoc):
+        return ir.Location.name(location.name_str,
+                                childLoc=_with_frames(location.child_loc, frames))
+    return frames
 
 
 def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], Func],
@@ -104,8 +132,9 @@ def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], 
         if op.name in CALL_OPS:
             body = callee(op.attributes[CALLEE])
             env: dict[Value, Value] = dict(zip(body.args, op.operands))
-            scope = location_name(op.mlir_location) if op.mlir_location is not None else None
-            ops += [_copy(o, env, scope, scopes) for o in body.ops]
+            call = op.mlir_location
+            scope = location_name(call) if call is not None else None
+            ops += [_copy(o, env, scope, call, scopes) for o in body.ops]
             for r, v in zip(op.results, body.returns):
                 replaced[r] = env.get(v, v)
             held = True
@@ -115,7 +144,7 @@ def _inline(block: Block, replaced: dict[Value, Value], callee: Callable[[str], 
     return held
 
 
-def _copy(op: Op, env: dict[Value, Value], scope: str | None, scopes: _Scopes) -> Op:
+def _copy(op: Op, env: dict[Value, Value], scope: str | None, call, scopes: _Scopes) -> Op:
     """A copy of `op` reading through `env` (which gains its results and block arguments),
     with all the importer gave it, its location under the call's `scope`."""
     regions = []
@@ -125,13 +154,13 @@ def _copy(op: Op, env: dict[Value, Value], scope: str | None, scopes: _Scopes) -
             b = Block()
             for a in block.args:
                 env[a] = b.add_arg(a.type)
-            b.ops = [_copy(o, env, scope, scopes) for o in block.ops]
+            b.ops = [_copy(o, env, scope, call, scopes) for o in block.ops]
             copy.blocks.append(b)
         regions.append(copy)
     new = Op(op.name, [env.get(v, v) for v in op.operands], [r.type for r in op.results],
              op.attributes, regions)
     new.rule = op.rule
-    new.mlir_location = scopes.under(scope, op.mlir_location)
+    new.mlir_location = scopes.under(scope, op.mlir_location, call)
     if op.captures:
         new.captures = list(dict.fromkeys(env.get(v, v) for v in op.captures))
     for r, n in zip(op.results, new.results):
