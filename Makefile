@@ -1,13 +1,15 @@
 # Two entry points for a fresh machine with python3 (3.11) and make:
 #   make demo   -- set up and run the demo
-#   make test   -- set up and run the tests (all of them: under 15 minutes on 2 cores)
+#   make test   -- set up and run the tests (under 15 minutes on 2 cores): all but the
+#                  exhaustive variants, a representative of each of which runs
+#   make test-all -- every test and variant, 2000 property-test programs (about an hour)
 #   make test-fast -- the edit loop: the tests not marked slow (under 2 minutes on 2 cores)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench-redistribution bench-step-time bench-paper-counts \
+.PHONY: setup demo test test-all test-fast lint bench-redistribution bench-step-time bench-paper-counts \
 	bench-partition-time bench-shard-map-toll bench-autopart bench-context-parallel \
 	bench-pipeline bench-plan bench-megatron bench-memory-estimates clean
 
@@ -23,10 +25,13 @@ demo: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/partir demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not exhaustive" tests
+
+test-all: $(STAMP)
+	PARTIR_NIGHTLY=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not exhaustive" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check partir_plugin plugins tests benchmarks

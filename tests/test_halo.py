@@ -158,7 +158,9 @@ def test_pad_of_a_tiled_dimension_warns_and_gathers():
     step = jax.value_and_grad(lambda img: (jnp.pad(img, ((0, 0), (1, 2), (0, 0), (0, 0)))
                                            [:, 1:33] ** 3).sum())
     img = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 8, 4))
-    _warns_and_gathers(step, (img,), r"stablehlo.pad at \S*pad \(\S*test_halo.py:\d+\): dimension 1 .*no halo rule")
+    _warns_and_gathers(step, (img,),  # the op's name and the user's line
+                       r"stablehlo.pad at \S*pad \(\S*test_halo.py:\d+\): "
+                       r"dimension 1 .*no halo rule")
 
 
 def _warns_and_gathers(step, args, where: str, **options) -> None:

@@ -106,8 +106,10 @@ def unet_case():
 UNET_MP = partir.tactic("MP", rule=megatron.unet_rule, axis="model")
 
 
-@pytest.mark.parametrize("name,schedule", [("BP", [BP]), ("BP+Z2", [BP, Z2]),
-                                           ("BP+Z3", [BP, Z3]), ("BP+MP", [BP, UNET_MP])])
+@pytest.mark.parametrize("name,schedule", [
+    pytest.param("BP", [BP], marks=pytest.mark.exhaustive),
+    pytest.param("BP+Z2", [BP, Z2], marks=pytest.mark.exhaustive),
+    ("BP+Z3", [BP, Z3]), ("BP+MP", [BP, UNET_MP])])
 def test_unet_schedules(unet_case, name, schedule):
     train_step, args = unet_case
     # Adam divides by the root of the second moment: the UNet's convolution-kernel gradients
@@ -159,7 +161,9 @@ def _it(layers):
     return inference_transformer.make_serve(cfg), (params, cache, batch)
 
 
-@pytest.mark.parametrize("name", list(IT_SCHEDULES))
+@pytest.mark.parametrize("name", [
+    n if n == "BP+MP+MQ" else pytest.param(n, marks=pytest.mark.exhaustive)
+    for n in IT_SCHEDULES])
 def test_inference_transformer_decode_loop(name):
     """IT's serving loop (prompt pass, then a fori_loop of decode steps) gives jax.jit's
     tokens and cache. Counts are static (the loop body once), per layer and pass:

@@ -125,7 +125,7 @@ def _stage_sharded(meta, axis="stage"):
             and len(moments) >= 2 * len(blocks))  # mu and nu of every stacked parameter
 
 
-@pytest.mark.parametrize("microbatches", [4, 8])
+@pytest.mark.parametrize("microbatches", [4, pytest.param(8, marks=pytest.mark.exhaustive)])
 def test_pp_bp_gives_jax_jit_numbers_with_stages_holding_their_layers(model, microbatches):
     pp = partir.tactic("PP", axis="stage", microbatches=microbatches)
     fn, meta = _pipelined(model, {"stage": 4, "batch": 2},

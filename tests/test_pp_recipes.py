@@ -302,7 +302,7 @@ def _lm_params(model, batch):
                       batch["tokens"], batch["pad"])["params"]
 
 
-@pytest.mark.parametrize("remat", [True, False])
+@pytest.mark.parametrize("remat", [True, pytest.param(False, marks=pytest.mark.exhaustive)])
 def test_linen_remat_block_with_jitted_mask_helper_no_dropout(remat):
     """nn.remat(Block) (and, as a control, the block without remat) in nn.scan, its causal
     mask built by a jitted helper; no dropout, so only remat and the nested jit are tested."""

@@ -183,6 +183,8 @@ def test_random_plans_are_well_typed_bounded_and_correct(problem):
 
 
 def test_synthesis_time_is_well_under_200ms():
+    """This process's CPU time, not wall time: the suite's other worker shares the 2 cores
+    (a wall-clock maximum once read 206 ms on a loaded machine)."""
     rng = np.random.default_rng(0)
     times = []
     for _ in range(200):
@@ -199,9 +201,9 @@ def test_synthesis_time_is_well_under_200ms():
             lcm(prod(mesh[a] for a in (s or ())), prod(mesh[a] for a in (d or ()))) * 4
             for s, d in zip(*specs)
         )
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         plan_redistribution(mesh, shape, "f32", specs[0], specs[1])
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     assert max(times) < 0.2, max(times)
     assert float(np.median(times)) < 0.02
 
