@@ -4,6 +4,7 @@ devices (unless XLA_FLAGS already sets a count), puts the repository root on sys
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -55,6 +56,21 @@ def add_output_args(parser) -> None:
     """`--no-write` and `--output`, as every benchmark that writes a section takes them."""
     parser.add_argument("--no-write", action="store_true", help="do not touch docs/BENCHMARKS.md")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
+
+
+@contextlib.contextmanager
+def compiles_compile():
+    """jax's persistent compilation cache off while compiles are timed or read (a hit skips
+    XLA's passes, and returns the executable of whichever equal program compiled first: its
+    metadata too, since the cache key leaves locations out); as it was afterwards."""
+    import jax
+
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
 
 
 def fresh() -> None:

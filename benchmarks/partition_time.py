@@ -283,6 +283,7 @@ class _PhaseClock:
                 "report: simulate": sum(e[2] - e[1] for e in estimates)}
 
 
+@harness.compiles_compile()
 def breakdown(size: Size) -> None:
     """One partitioning, phase by phase (the same steps `PartitionedFunction.lower` takes),
     then the first read of its report; each phase keeps its minimum over the calls."""
@@ -357,6 +358,7 @@ def _peer(size: Size, in_shardings, out_shardings) -> None:
     size.peer_cpu.append(time.process_time() - cpu)
 
 
+@harness.compiles_compile()
 def compare(size: Size, reps: int) -> None:
     """Ours against jax.jit, alternating, fresh functions, caches cleared; after ours'
     compile, the first read of its report (`meta.report()`), timed apart."""

@@ -99,19 +99,24 @@ def measure(counts: list[int], reps: int, passes: bool = True) -> list[Row]:
     """Per operand count, both sides' compile minima over `reps` (sides alternating) and, with
     `passes`, their partitioner passes from one profiled compile each."""
     rows = []
-    for n in counts:
-        best = {False: float("inf"), True: float("inf")}
-        for rep in range(reps):
-            for manual in ((False, True) if rep % 2 == 0 else (True, False)):
-                harness.fresh()
-                best[manual] = min(best[manual], _compile_s(n, manual))
-        where = {False: {}, True: {}}
-        if passes:
-            for manual in (False, True):
-                harness.fresh()
-                where[manual] = _pass_s(n, manual)
-        rows.append(Row(n, best[False], best[True], where[False], where[True]))
+    with harness.compiles_compile():
+        for n in counts:
+            rows.append(_measure(n, reps, passes))
     return rows
+
+
+def _measure(n: int, reps: int, passes: bool) -> Row:
+    best = {False: float("inf"), True: float("inf")}
+    for rep in range(reps):
+        for manual in ((False, True) if rep % 2 == 0 else (True, False)):
+            harness.fresh()
+            best[manual] = min(best[manual], _compile_s(n, manual))
+    where = {False: {}, True: {}}
+    if passes:
+        for manual in (False, True):
+            harness.fresh()
+            where[manual] = _pass_s(n, manual)
+    return Row(n, best[False], best[True], where[False], where[True])
 
 
 def section(rows: list[Row], reps: int) -> str:

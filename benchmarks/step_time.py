@@ -296,6 +296,7 @@ def mem_bytes(stats) -> int:
                + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
 
 
+@harness.compiles_compile()
 def compile_ours(build, schedule_name, mesh, side: Side):
     import partir_plugin as partir
 
@@ -309,6 +310,7 @@ def compile_ours(build, schedule_name, mesh, side: Side):
     return step, compiled, meta
 
 
+@harness.compiles_compile()
 def compile_peer(build, meta, side: Side):
     import jax
 
