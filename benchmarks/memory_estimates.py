@@ -14,10 +14,10 @@ peak per device (`meta.tactics[-1]`) against XLA's memory analysis of the compil
 partitioned step (argument + output + temp - alias bytes per device, as
 benchmarks/simulator_accuracy.py reads it).
 
-RM: until the RM tactic is registered, the model itself wraps its scanned body in
-`jax.checkpoint` with the policy (`nothing_saveable` / `dots_saveable`; `nn.remat` and
-`nnx.remat` for the Flax models): the partitioned program is of the same kind. With the tactic
-the model is unchanged and the schedule carries `partir.tactic("RM", policy=...)`.
+RM: the models are unchanged and the schedule carries `partir.tactic("RM", policy=...)`.
+Where no plugin registers RM (a kernel without the built-in tactics), the model itself wraps
+its scanned body in `jax.checkpoint` with the policy (`nothing_saveable` / `dots_saveable`;
+`nn.remat` for the Flax LM) as a stand-in, and the table's "RM applied by" says so.
 """
 
 from __future__ import annotations
