@@ -64,13 +64,17 @@ def compiles_compile():
     XLA's passes, and returns the executable of whichever equal program compiled first: its
     metadata too, since the cache key leaves locations out); as it was afterwards."""
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
+    # jax decides once per process whether the cache is used: reset, it decides again.
     was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
 
 
 def fresh() -> None:
