@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-all test-fast lint bench-redistribution bench-step-time bench-paper-counts \
 	bench-partition-time bench-shard-map-toll bench-autopart bench-context-parallel \
-	bench-pipeline bench-plan bench-megatron bench-memory-estimates clean
+	bench-pipeline bench-plan bench-plan-scale bench-megatron bench-memory-estimates clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,9 @@ bench-plan: $(STAMP)
 
 bench-megatron: $(STAMP)
 	$(BIN)/python benchmarks/megatron_sweep.py
+
+bench-plan-scale: $(STAMP)
+	$(BIN)/python benchmarks/plan_at_scale.py
 
 bench-memory-estimates: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/memory_estimates.py

@@ -124,27 +124,42 @@ class Row:
         return self.run.published_s / seconds
 
 
+def config(run: Run):
+    """The project's transformer at the run's published sizes."""
+    from partir_plugin.models import transformer
+
+    return transformer.Config(layers=run.layers, batch=run.batch, seq_len=SEQ, vocab=VOCAB,
+                              d_model=run.hidden, heads=run.heads,
+                              head_dim=run.hidden // run.heads, ffw=4 * run.hidden,
+                              scan=True, dtype="bfloat16")
+
+
+def published_schedule(run: Run) -> list:
+    """Megatron's parallelism as a schedule: PP over `stage` with one sequence per microbatch
+    and data-parallel rank (none where p = 1), BP over `data`, MP over `model` (GPT rule)."""
+    import partir_plugin as partir
+
+    schedule = [partir.tactic("BP", axis="data"),
+                partir.tactic("MP", rule=gpt_rule, axis="model")]
+    if run.pipeline > 1:
+        schedule.insert(0, partir.tactic("PP", axis="stage",
+                                         microbatches=run.batch // run.data))
+    return schedule
+
+
 def estimate(run: Run) -> Row:
     import jax
 
-    import partir_plugin as partir
     from partir_plugin.core.mesh import Mesh
     from partir_plugin.frontend.trace import trace
     from partir_plugin.models import transformer
     from partir_plugin.plugin.resolve import resolve_hardware, simulate
     from partir_plugin.stages import partition
 
-    cfg = transformer.Config(layers=run.layers, batch=run.batch, seq_len=SEQ, vocab=VOCAB,
-                             d_model=run.hidden, heads=run.heads,
-                             head_dim=run.hidden // run.heads, ffw=4 * run.hidden,
-                             scan=True, dtype="bfloat16")
+    cfg = config(run)
     args = jax.eval_shape(lambda key: transformer.init(cfg, key), jax.random.PRNGKey(0))
     mesh = Mesh.of(run.mesh)
-    schedule = [partir.tactic("BP", axis="data"),
-                partir.tactic("MP", rule=gpt_rule, axis="model")]
-    if run.pipeline > 1:
-        schedule.insert(0, partir.tactic("PP", axis="stage",
-                                         microbatches=run.batch // run.data))
+    schedule = published_schedule(run)
     start = time.perf_counter()
     part = partition(trace(transformer.make_train_step(cfg), args, schedule, mesh), mesh,
                      schedule)
