@@ -23,3 +23,16 @@ if (os.environ.get("PARTIR_TEST_COMPILE_CACHE", "1") != "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     atexit.register(shutil.rmtree, _cache, True)
+
+
+# The files that take longest, first: `--dist loadfile` hands files to the two workers in the
+# order they are collected, and a long file collected last runs alone at the end (it left
+# one worker idle for two minutes). Longest first, the short files fill in around them.
+_LONGEST_FIRST = ("test_tmr_verifier_models.py", "test_paper_models.py", "test_pipeline.py",
+                  "test_pp_recipes.py", "test_tmr_verifier.py", "test_docs.py",
+                  "test_bench_pipeline.py", "test_rematerialization.py", "test_halo.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept

@@ -109,7 +109,7 @@ UNET_MP = partir.tactic("MP", rule=megatron.unet_rule, axis="model")
 @pytest.mark.parametrize("name,schedule", [
     pytest.param("BP", [BP], marks=pytest.mark.exhaustive),
     pytest.param("BP+Z2", [BP, Z2], marks=pytest.mark.exhaustive),
-    ("BP+Z3", [BP, Z3]), ("BP+MP", [BP, UNET_MP])])
+    pytest.param("BP+Z3", [BP, Z3], marks=pytest.mark.exhaustive), ("BP+MP", [BP, UNET_MP])])
 def test_unet_schedules(unet_case, name, schedule):
     train_step, args = unet_case
     # Adam divides by the root of the second moment: the UNet's convolution-kernel gradients
