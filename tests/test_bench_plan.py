@@ -4,7 +4,9 @@ partir.jit with jax.jit's loss, and the section has their estimated and measured
 import benchmark_module
 import pytest
 
-pytestmark = pytest.mark.slow  # runs a benchmark script
+# Runs a benchmark script: under make test-all (tests/test_planner.py runs the best plan of
+# the same transformer against jax.jit under make test).
+pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
 
 
 def test_plan_benchmark_writes_its_section(tmp_path):
