@@ -61,9 +61,7 @@ def measure(run: megatron_sweep.Run, seconds: float) -> Row:
     step = transformer.make_train_step(cfg)
     published = []
     for rm in (None, "full"):
-        schedule = megatron_sweep.published_schedule(run)
-        if rm is not None:
-            schedule.append(partir.tactic("RM", policy=rm))
+        schedule = megatron_sweep.published_schedule(run, rm)
         published.append(partir.estimate(step, *args, mesh=run.mesh, schedule=schedule,
                                          hardware="a100-80gb"))
     start = time.perf_counter()

@@ -148,7 +148,8 @@ class _Analyser:
                 kinds[results[0]] = "const"
                 continue
             kind = collectives.get(op)
-            if (name in opcost.VIEWS or unit_broadcast(op)) and kind is None and all(
+            if (name in opcost.VIEWS or unit_broadcast(op) or unit_transpose(op)) and (
+                    kind is None) and all(
                     nbytes(r) == nbytes(v) and v not in fused
                     for r, v in zip(results, op.operands)):
                 for r, v in zip(results, op.operands):
@@ -315,6 +316,21 @@ def unit_broadcast(op: Op) -> bool:
     dims = [int(d) for d in re.findall(r"-?\d+", op.attributes.get("broadcast_dimensions", "")
                                        .split(":", 1)[-1])]
     return dims == sorted(dims) and len(dims) == len(op.operands[0].type.shape)
+
+
+def unit_transpose(op: Op) -> bool:
+    """A `transpose` that moves only dimensions of size 1 (the others keep their order): a
+    bitcast (XLA's algebraic simplifier makes it a reshape), e.g. `[1, L, ...] -> [L, 1, ...]`
+    between a pipeline's stage axis and a layer stack."""
+    if short_name(op) != "transpose" or len(op.results) != 1:
+        return False
+    shape = op.operands[0].type.shape if op.operands[0].type.is_tensor else None
+    m = re.search(r"array<i64:\s*([^>]*)>", op.attributes.get("permutation", ""))
+    if shape is None or m is None:
+        return False
+    perm = [int(x) for x in m.group(1).split(",")]
+    moved = [d for d in perm if shape[d] != 1]
+    return moved == sorted(moved)
 
 
 def layout_copy(op: Op) -> Op | None:

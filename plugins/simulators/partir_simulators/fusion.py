@@ -1,11 +1,12 @@
 """Fusion: which values a fusing backend never materialises (DESIGN.md §2.5, app. A.5).
 
-An elementwise or data-movement op whose every user can absorb it (another such op, or a
-reduction) is fused into its users; every other op is a kernel root. Fusing a value read by
-several kernels duplicates its computation into each of them, which a backend does not always
-do (`fused_values`): XLA:CPU's instruction fusion never duplicates an expensive op
-(`EXPENSIVE`), and its library reductions (`library_reduction`) absorb only producers no other
-kernel reads; such a value is computed once, by a kernel of its own, and materialised.
+An elementwise or data-movement op whose every user can absorb it (another such op, a
+reduction, or an in-place update writing it as its update) is fused into its users; every
+other op is a kernel root. Fusing a value read by several kernels duplicates its computation
+into each of them, which a backend does not always do (`fused_values`): XLA:CPU's instruction
+fusion never duplicates an expensive op (`EXPENSIVE`), and its library reductions
+(`library_reduction`) absorb only producers no other kernel reads; such a value is computed
+once, by a kernel of its own, and materialised.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def _expensive(op: Op, name: str) -> bool:
         return not (element.startswith(("i", "ui")) and divisor is not None
                     and short_name(divisor) == "constant")
     return True
+
+
+# In-place updates that absorb the producers of their update (not of the buffer they write
+# into): XLA's loop fusion emits a `dynamic-update-slice` fusion in place, computing the update
+# in the kernel that writes it (e.g. a scan's per-step output: `dynamic-update-slice_convert_fusion`
+# on XLA:CPU; the same on GPU).
+IN_PLACE_ROOTS = frozenset({"dynamic_update_slice"})
 
 
 # The reducers YNNPACK implements (XLA:CPU's `IsReduceOpSupportedByYnn`,
@@ -118,7 +126,8 @@ def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op
     names = SHORT_NAMES
     # The ops that can absorb a fused producer, decided once per op rather than per read.
     consumers = {op for op in ops
-                 if names[op.name] in opcost.FUSION_CONSUMERS and op not in collectives
+                 if (names[op.name] in opcost.FUSION_CONSUMERS or names[op.name] in IN_PLACE_ROOTS)
+                 and op not in collectives
                  and op.results and (len(op.results) == 1 or names[op.name] == "reduce")}
     fused: set[Value] = set()
     homes: dict[Value, frozenset[Op]] = {}  # fused value -> the kernels it is fused into
@@ -133,6 +142,8 @@ def fused_values(ops: list[Op], returned: set[Value], users: dict[Value, list[Op
         us = users.get(v)
         if not us or not consumers.issuperset(us):
             continue
+        if any(names[u.name] in IN_PLACE_ROOTS and u.operands[0] is v for u in us):
+            continue  # the buffer an in-place update writes into is materialised
         if len(us) == 1:  # most values: no union to build
             u = us[0]
             kernels = (homes.get(u.results[0]) if len(u.results) == 1 else None
