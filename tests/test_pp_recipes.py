@@ -302,7 +302,10 @@ def _lm_params(model, batch):
                       batch["tokens"], batch["pad"])["params"]
 
 
-@pytest.mark.parametrize("remat", [True, pytest.param(False, marks=pytest.mark.exhaustive)])
+# Exhaustive: the acceptance test below runs the same remat'd block and jitted mask helper
+# with dropout (this one tells the two apart when it fails).
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("remat", [True, False])
 def test_linen_remat_block_with_jitted_mask_helper_no_dropout(remat):
     """nn.remat(Block) (and, as a control, the block without remat) in nn.scan, its causal
     mask built by a jitted helper; no dropout, so only remat and the nested jit are tested."""
@@ -371,6 +374,7 @@ def test_plain_scan_closing_over_padding_mask_pp_only():
                             what="scan body closing over a padding mask, [PP(4)] only")
 
 
+@pytest.mark.exhaustive  # the acceptance test below passes the same mask with dropout and remat
 def test_linen_scan_broadcast_padding_mask():
     """nn.scan(..., in_axes=nn.broadcast) passes the [B, T] padding mask to every layer (no
     dropout, no remat: only the broadcast per-example input is tested)."""
