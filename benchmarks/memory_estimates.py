@@ -227,6 +227,10 @@ SCHEDULES = (
 )
 
 
+# The accelerator the same partitioned programs are also estimated on (step time only).
+GPU_SPEC = "h100-sxm"
+
+
 def rm_tactic(policy: str):
     """The RM tactic with `policy`, or None while no plugin registers one."""
     import partir_plugin as partir
@@ -256,6 +260,8 @@ class Row:
     xla: int
     xla_temp: int
     rm: str  # "tactic", "jax.checkpoint" or "-"
+    runtime_s: float  # the estimated step time on `host-cpu` (the report's)
+    gpu_runtime_s: float  # the same program estimated on `GPU_SPEC`
 
     @property
     def ratio(self) -> float:
@@ -273,18 +279,36 @@ def measure(family: str, schedule: Schedule, small: bool = False) -> Row:
     xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes
            + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
     rm = "-" if schedule.remat is None else ("jax.checkpoint" if remat else "tactic")
-    return Row(family, schedule.name, int(meta.tactics[-1].estimated_peak_memory_bytes),
-               int(xla), int(stats.temp_size_in_bytes), rm)
+    gpu = partir.estimate(step, *args, mesh=schedule.mesh, schedule=schedule_tactics,
+                          hardware=GPU_SPEC)
+    last = meta.tactics[-1]
+    return Row(family, schedule.name, int(last.estimated_peak_memory_bytes), int(xla),
+               int(stats.temp_size_in_bytes), rm, float(last.estimated_runtime_s),
+               gpu.step_time_s)
+
+
+def slower_with_rm(rows: list[Row], gpu: bool) -> tuple[int, int]:
+    """(RM rows estimated slower than their family's schedule without RM, RM rows): [BP, RM]
+    against [BP]; [PP, BP, RM] against [BP] too (no [PP, BP] row: its pipeline adds work)."""
+    base = {r.family: r for r in rows if r.schedule == "[BP]"}
+    rm = [r for r in rows if r.rm != "-" and not r.schedule.startswith("[PP")]
+
+    def time(r: Row) -> float:
+        return r.gpu_runtime_s if gpu else r.runtime_s
+
+    return sum(time(r) > time(base[r.family]) for r in rm), len(rm)
 
 
 def table(rows: list[Row]) -> list[str]:
     from partir_plugin.report.text import fmt_bytes
 
     lines = ["| family | schedule | RM applied by | estimated peak | XLA (arg + out + temp - "
-             "alias) | XLA temp | estimate / XLA |", "|---|---|---|---|---|---|---|"]
+             "alias) | XLA temp | estimate / XLA | est. step host-cpu | est. step "
+             f"{GPU_SPEC} |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.family} | {r.schedule} | {r.rm} | {fmt_bytes(r.estimated)} | "
-                     f"{fmt_bytes(r.xla)} | {fmt_bytes(r.xla_temp)} | {r.ratio:.2f} |")
+                     f"{fmt_bytes(r.xla)} | {fmt_bytes(r.xla_temp)} | {r.ratio:.2f} | "
+                     f"{r.runtime_s * 1e3:.3f} ms | {r.gpu_runtime_s * 1e6:.1f} us |")
     return lines
 
 
@@ -303,9 +327,15 @@ def section(rows: list[Row], seconds: float) -> str:
              "[BP] without `nn.remat`); an NNX residual GELU MLP (8 blocks of 256 -> 1024 -> "
              "256, batch 1024, `nnx.scan`, optax SGD); an Equinox residual conv net (8 3x3 "
              "convolutions of 32 channels on 16x16 images, batch 64, `lax.scan`, optax SGD). "
-             "[PP, BP, RM] runs on {stage: 2, batch: 4} with 4 microbatches.", "",
+             "[PP, BP, RM] runs on {stage: 2, batch: 4} with 4 microbatches. est. step: the "
+             "simulator's step time of the same partitioned step on `host-cpu` (the report's) "
+             f"and on `{GPU_SPEC}` (`partir.estimate`).", "",
              *table(rows), "",
-             f"{within}/{len(rows)} rows within {LOW}-{HIGH}x.", "",
+             f"{within}/{len(rows)} rows within {LOW}-{HIGH}x. Estimated step time with RM "
+             "above the family's [BP] (the [BP, RM] rows): "
+             "{}/{} on host-cpu, {}/{} on {}.".format(*slower_with_rm(rows, False),
+                                                     *slower_with_rm(rows, True), GPU_SPEC),
+             "",
              "<!-- analysis -->", ""]
     return "\n".join(lines)
 

@@ -172,13 +172,17 @@ def _tokens_bp():
     return partir.tactic("BP", axis="batch", inputs=("tokens",))
 
 
-@pytest.mark.slow  # compiles the Flax LM step twice (about 25 s)
+@pytest.mark.slow  # compiles the Flax LM step three times (about 35 s)
 def test_flax_nn_scan_lm_under_bp_rm():
     step, args = _lm()
     bp = _temp_bytes(partir.jit(step, {"batch": 4}, [_tokens_bp()])[0], args)
     full, _ = _run(step, args, {"batch": 4}, [_tokens_bp(), RM("full")],
                    "nn.scan LM [BP, RM]")
     assert full <= bp / 2, f"RM('full') temporaries {full} B, [BP]'s {bp} B: not halved"
+    # The scanned Block selected by name: each layer recomputed, as the layer loop's body is.
+    block, _ = _run(step, args, {"batch": 4}, [_tokens_bp(), RM("full", modules="Block")],
+                    "nn.scan LM [BP, RM(modules='Block')]")
+    assert block <= bp / 2, f"RM(modules) temporaries {block} B, [BP]'s {bp} B: not halved"
 
 
 class DropoutBlock(nn.Module):
@@ -306,3 +310,83 @@ def test_offload_estimated_for_a_spec_with_a_host_link():
     assert rows["offload"].rematerialization.offloaded_bytes > 0
     assert rows["dots"].rematerialization.offloaded_bytes == 0
     assert rows["offload"].estimated_runtime_s > rows["dots"].estimated_runtime_s
+
+
+# -- modules=: the calls of Flax modules selected by name --------------------------------------
+
+class DropoutMLPBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dropout(0.1, deterministic=False)(nn.gelu(nn.Dense(4 * F, name="up")(x)))
+        return x + nn.Dense(D, name="down")(h)
+
+
+class UnrolledMLP(nn.Module):
+    """Blocks called one by one (no scan: no layer loop for RM to find), with dropout."""
+
+    @nn.compact
+    def __call__(self, x):
+        for i in range(LAYERS):
+            x = DropoutMLPBlock(name=f"block_{i}")(x)
+        return nn.Dense(D, name="head")(x)
+
+
+def _x_bp():
+    return partir.tactic("BP", axis="batch", inputs=("x",))
+
+
+def _unrolled():
+    x = jax.random.normal(jax.random.PRNGKey(3), (B, T, D))
+    params = UnrolledMLP().init(jax.random.PRNGKey(0), x)["params"]
+
+    def step(params, x, rng):
+        def loss(params):
+            out = UnrolledMLP().apply({"params": params}, x, rngs={"dropout": rng})
+            return jnp.mean(out ** 2)
+
+        return jax.value_and_grad(loss)(params)
+
+    return step, (params, x, jax.random.PRNGKey(4))
+
+
+@pytest.mark.parametrize("pattern", ["DropoutMLPBlock", "block_*"])
+def test_rm_modules_recomputes_the_selected_flax_modules(pattern):
+    """An unscanned model (RM without modules= finds no layer loop): the blocks, selected by
+    class or by module name, recomputed (the step's FLOPs grow by the figures' recompute);
+    jax.jit's numbers, dropout masks included. (Temporaries: XLA:CPU keeps an unrolled
+    model's recomputation next to its forward pass, as with jax.checkpoint written in the
+    model; the scanned LM below shows the memory.)"""
+    step, args = _unrolled()
+    with pytest.raises(PartitionError, match="no layer loop found"):
+        partir.jit(step, {"batch": 4}, [_x_bp(), RM("full")])[0].lower(*args)
+    bp_step, bp_meta = partir.jit(step, {"batch": 4}, [_x_bp()])
+    bp_step.lower(*args)
+    bp = bp_meta.tactics[-1].estimated_flops
+    _, rows = _run(step, args, {"batch": 4}, [_x_bp(), RM("full", modules=pattern)],
+                   f"unrolled MLP [BP, RM(modules={pattern!r})]")
+    assert rows[-1].estimated_flops > bp, (rows[-1].estimated_flops, bp)
+    figures = rows[-1].rematerialization
+    assert figures is not None and figures.trips == LAYERS, figures
+    assert figures.activation_bytes_saved > 0 and figures.recompute_flops > 0, figures
+    assert any(f"{LAYERS} call(s) of DropoutMLPBlock rematerialized" in n
+               for n in rows[-1].notes), rows[-1].notes
+
+
+def test_rm_modules_that_match_nothing_name_what_the_step_calls():
+    step, args = _unrolled()
+    with pytest.raises(PartitionError, match=r"matched no Flax linen module.*DropoutMLPBlock "
+                                             r"\(block_0\)"):
+        partir.jit(step, {"batch": 4}, [_x_bp(), RM("full", modules="Attention")])[0].lower(*args)
+    with pytest.raises(PartitionError, match="modules="):
+        RM("full", modules=[""])
+
+
+@pytest.mark.slow  # the scanned LM, pipelined
+def test_pp_bp_rm_modules_recomputes_each_layer_of_each_iteration():
+    """Megatron's recomputation under PP: each layer (the scanned `Block`), not the whole
+    stage body, recomputed in each pipeline iteration; jax.jit's numbers."""
+    step, args = _lm()
+    _, rows = _run(step, args, {"stage": 2, "batch": 2},
+                   [PP(4), _tokens_bp(), RM("full", modules="Block")],
+                   "nn.scan LM [PP(4), BP, RM(modules='Block')]")
+    assert any("call(s) of Block rematerialized" in n for n in rows[-1].notes), rows[-1].notes

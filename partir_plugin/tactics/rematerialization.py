@@ -7,6 +7,10 @@ does not save. The program that reaches the partitioner already holds the recomp
 so every tactic composes with it and the simulator charges it as any other op; plain
 `jax.jit` of the step still runs the model as written.
 
+With `modules=` (Flax linen class or module names, globs), RM recomputes the calls of those
+modules instead, wherever the step calls them (`module_calls`): inside the layer loop that is
+each layer, and under PP each layer of each pipeline iteration, as Megatron-LM recomputes.
+
 Offload (`offload=True`) keeps the saved residuals in host memory (`pinned_host`) instead of
 device memory: jax moves them there and back (`device_put` to a memory space, lowered as
 `annotate_device_placement` custom calls on TPU and GPU). XLA:CPU has no such lowering in jax
@@ -32,6 +36,7 @@ from ..errors import PartitionError
 from .base import Tactic
 from .host_offload import backend_offloads, showing_moves
 from .layer_loop import LayerLoopHook, LoopRun, ScanCall, no_layer_loop
+from .module_calls import MatchedCall, ModuleCalls
 
 
 class Policy(enum.Enum):
@@ -117,12 +122,15 @@ class Rematerialization(Tactic):
 
     The layer loop is the one PP pipelines (a `lax.scan` over stacked layers, as Flax
     `nn.scan` writes it); with PP in the schedule, each pipeline iteration is recomputed.
+    With `modules` (Flax linen class or module names; globs), the calls of those modules are
+    recomputed instead, each on its own (under PP: each layer of each iteration).
     RM decides no tiling: it changes the traced program, and its report row says what it
     saves and what it recomputes (`RematerializationFigures`)."""
 
     policy: str = "full"
     names: tuple[str, ...] = ()
     offload: bool = False
+    modules: tuple[str, ...] = ()
     name: str = "RM"
     chosen: Policy = field(init=False, repr=False)
 
@@ -133,6 +141,12 @@ class Rematerialization(Tactic):
                                  f"{', '.join(map(repr, known))})")
         self.chosen = Policy(self.policy)
         self.names = tuple(self.names)
+        if isinstance(self.modules, str):
+            self.modules = (self.modules,)
+        self.modules = tuple(self.modules)
+        if not all(isinstance(m, str) and m for m in self.modules):
+            raise PartitionError(f"{self.name}: modules={self.modules!r}: give Flax module "
+                                 f"class or module names (globs such as 'Block' or 'block_*')")
         if self.chosen is Policy.NAMES and not self.names:
             raise PartitionError(f"{self.name}: policy 'names' saves the values the model "
                                  f"tags with jax.ad_checkpoint.checkpoint_name: list them "
@@ -147,8 +161,10 @@ class Rematerialization(Tactic):
                                  + ("only the layer inputs, kept by the loop itself)"
                                     if self.chosen is Policy.FULL else "everything)"))
 
-    def trace_hook(self, mesh) -> _RematHook | None:
-        return None if self.chosen is Policy.NONE else _RematHook(self)
+    def trace_hook(self, mesh) -> _RematHook | _ModuleRematHook | None:
+        if self.chosen is Policy.NONE:
+            return None
+        return _ModuleRematHook(self) if self.modules else _RematHook(self)
 
     def apply(self, ctx: TacticContext) -> None:
         """Untraced (a StableHLO file, or a step traced without this tactic's hook): nothing
@@ -202,6 +218,79 @@ class _RematHook(LayerLoopHook):
             return checkpointed(*args)
 
         return unit_of_work
+
+
+class _ModuleRematHook:
+    """While the step is traced: each call of a selected Flax module under `nn.checkpoint`."""
+
+    def __init__(self, tactic: Rematerialization):
+        self.tactic = tactic
+        self.found = _Found()
+        self.calls = ModuleCalls(tactic.modules, self._wrap)
+
+    def __enter__(self) -> _ModuleRematRun:
+        self._moves = showing_moves() if self.tactic.offload else None
+        if self._moves is not None:
+            self._moves.__enter__()
+        self.calls.__enter__()
+        return _ModuleRematRun(self.tactic, self.found, self.calls)
+
+    def __exit__(self, *exc) -> None:
+        self.calls.__exit__(*exc)
+        if self._moves is not None:
+            self._moves.__exit__(*exc)
+
+    def _wrap(self, call: MatchedCall) -> Callable:
+        import flax.linen as nn
+
+        rm = self.tactic
+        policy = jax_policy(rm.chosen, rm.names, rm.offload)
+        figures = _module_figures(call, policy)
+        if figures is not None:
+            self.found.figures = _summed(self.found.figures, figures)
+        method = call.method
+        return nn.checkpoint(lambda module, *a, **k: method(module, *a, **k), policy=policy)
+
+
+def _summed(a: RematerializationFigures | None,
+            b: RematerializationFigures) -> RematerializationFigures:
+    if a is None:
+        return b
+    return RematerializationFigures(
+        a.unit, a.trips + b.trips, a.residual_bytes_without + b.residual_bytes_without,
+        a.residual_bytes_with + b.residual_bytes_with, a.offloaded_bytes + b.offloaded_bytes,
+        a.recompute_flops + b.recompute_flops)
+
+
+def _module_figures(call: MatchedCall, policy) -> RematerializationFigures | None:
+    """RM's figures for one module call, traced apart: the module (unbound, with the call's
+    variables and a key for each of its random streams) as a function of its variables and
+    array arguments. None where that trace fails (the call still runs rematerialized)."""
+    import numpy as np
+
+    module = call.module
+    leaves, tree = jax.tree.flatten((call.args, call.kwargs))
+    is_array = [isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval") for x in leaves]
+    try:
+        variables = module.variables
+        streams = list(getattr(module.scope, "rngs", {}) or {})
+        unbound = module.clone(parent=None)
+    except Exception:  # noqa: BLE001 - a module without scope: no figures
+        return None
+
+    def pure(variables, *arrays):
+        it = iter(arrays)
+        full = [next(it) if a else x for x, a in zip(leaves, is_array)]
+        args, kwargs = jax.tree.unflatten(tree, full)
+        rngs = {n: jax.random.PRNGKey(0) for n in streams}
+        return unbound.apply(variables, *args, rngs=rngs, **kwargs)  # its __call__
+
+    arrays = tuple(x for x, a in zip(leaves, is_array) if a)
+    try:
+        return _figures(pure, jax.checkpoint(pure, policy=policy), (variables, *arrays), 1,
+                        call.label)
+    except Exception:  # noqa: BLE001 - figures are a report, never a reason to fail the step
+        return None
 
 
 @dataclass(frozen=True)
@@ -362,7 +451,43 @@ class _RematRun(LoopRun):
 
     def describe(self) -> str:
         rm, found = self.tactic, self.found
-        what = f"policy {rm.policy!r}" + (f" names {list(rm.names)}" if rm.names else "")
+        what = _policy_text(rm)
         return (f"{rm.name}: the layer loop at {found.site} rematerialized ({what}"
                 + (", residuals offloaded to host memory" if rm.offload else "") + ")"
                 + (f": {found.figures.describe()}" if found.figures else ""))
+
+
+def _policy_text(rm: Rematerialization) -> str:
+    return f"policy {rm.policy!r}" + (f" names {list(rm.names)}" if rm.names else "")
+
+
+@dataclass(frozen=True, eq=False)
+class _ModuleRematRun(_RematRun):
+    """RM with `modules=` on one trace: the calls its hook rematerialized (`calls`)."""
+
+    calls: ModuleCalls | None = None
+
+    def apply(self, ctx: TacticContext) -> None:
+        rm, calls = self.tactic, self.calls
+        if calls is None or not calls.matched:
+            seen = list(calls.seen) if calls is not None else []
+            raise PartitionError(
+                f"{rm.name}: modules={list(rm.modules)} matched no Flax linen module called "
+                f"by the step (by class or module name): "
+                + (f"it calls {', '.join(seen[:12])}" + (" ..." if len(seen) > 12 else "")
+                   if seen else "it calls none (modules= selects flax.linen modules; for "
+                   "a layer loop written otherwise leave modules out)"))
+        if rm.offload:
+            self._check_offload(ctx)
+        ctx.rematerialization = self.found.figures
+        ctx.state.notes.append(self.describe())
+
+    def describe(self) -> str:
+        rm, calls, figures = self.tactic, self.calls, self.found.figures
+        matched = calls.matched if calls is not None else []
+        kinds = sorted({label.split(" ")[0] for label in matched})
+        return (f"{rm.name}: {len(matched)} call(s) of {', '.join(kinds)} rematerialized "
+                f"({_policy_text(rm)}" + (", residuals offloaded to host memory"
+                                          if rm.offload else "") + ")"
+                + (f": {figures.describe()}" if figures else "")
+                + (" (a call in a loop body is traced, and counted, once)" if matched else ""))

@@ -135,15 +135,20 @@ def pipeline_parallel(axis: str = "stage", microbatches: int = 4, schedule: str 
 
 
 def rematerialization(policy: str = "full", names: Sequence[str] = (), offload: bool = False,
-                      name: str = "RM") -> Rematerialization:
+                      modules: str | Sequence[str] = (), name: str = "RM") -> Rematerialization:
     """RM: recompute the layer loop's activations in the backward pass (the body of the
     `lax.scan` over stacked layers; with PP, each pipeline iteration) under `jax.checkpoint`:
     `policy` "full" keeps only each layer's input, "dots" also the matmul outputs without
     batch dimensions, "all_dots" every matmul output, "names" the values the model tags with
     `jax.ad_checkpoint.checkpoint_name` listed in `names`, "none" everything. `offload=True`
     keeps what "dots" or "names" saves in host memory (backends with memory kinds; the
-    estimate charges the transfers on a spec with a `host_link`). No model edits."""
-    return Rematerialization(policy=policy, names=tuple(names), offload=offload, name=name)
+    estimate charges the transfers on a spec with a `host_link`). `modules` (Flax linen class
+    or module names, globs: "Block", "*Attention") recomputes each call of those modules
+    instead of the layer loop's body (under PP: each layer of each iteration). No model
+    edits."""
+    modules = (modules,) if isinstance(modules, str) else tuple(modules)
+    return Rematerialization(policy=policy, names=tuple(names), offload=offload,
+                             modules=modules, name=name)
 
 
 @hookimpl
