@@ -238,7 +238,9 @@ def _scan_with_body(kind: str):
     return step
 
 
-@pytest.mark.parametrize("kind", ["checkpoint", "checkpoint_policy", "nested_jit", "jit_body"])
+@pytest.mark.parametrize("kind", [
+    "checkpoint", pytest.param("checkpoint_policy", marks=pytest.mark.exhaustive), "nested_jit",
+    "jit_body"])
 def test_checkpointed_or_jitted_layer_body(kind):
     """jax.checkpoint (with and without a policy), a jitted helper building the causal mask,
     and a jitted body: each once crashed PP with an IndexError."""

@@ -349,7 +349,16 @@ def _unrolled():
     return step, (params, x, jax.random.PRNGKey(4))
 
 
-@pytest.mark.parametrize("pattern", ["DropoutMLPBlock", "block_*"])
+def test_module_patterns_match_class_or_module_names():
+    from partir_plugin.tactics.module_calls import matches
+
+    block = DropoutMLPBlock(name="block_2")
+    assert matches(block, ("DropoutMLPBlock",)) and matches(block, ("block_*",))
+    assert matches(block, ("*MLP*", "nothing")) and not matches(block, ("block_1", "Dense"))
+
+
+@pytest.mark.parametrize("pattern", ["DropoutMLPBlock",
+                                     pytest.param("block_*", marks=pytest.mark.exhaustive)])
 def test_rm_modules_recomputes_the_selected_flax_modules(pattern):
     """An unscanned model (RM without modules= finds no layer loop): the blocks, selected by
     class or by module name, recomputed (the step's FLOPs grow by the figures' recompute);
