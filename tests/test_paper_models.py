@@ -90,7 +90,10 @@ def test_transformer_collective_formulas(layers):
 
 def test_scan_over_layers_transformer_bp_mp():
     train_step, args = _t(3, scan=True)
-    meta = _check(train_step, args, [BP, T_MP])
+    # rtol 1e-4: MP splits the contractions, so sums run in another order than jax.jit's; with
+    # the suite's -O0 dots (conftest) one of 1536 weight-gradient entries differs by 4.5e-5
+    # relative (0.2452330 against 0.2452221): float reassociation, not a wrong value.
+    meta = _check(train_step, args, [BP, T_MP], rtol=1e-4)
     p = len(jax.tree.leaves(args[0]))  # 11: the blocks are stacked on a leading [L] dim
     # The scanned body is partitioned once: its 4 Megatron all_reduces appear once.
     assert meta.tactics[0].collectives["all_reduce"] == p + 1
