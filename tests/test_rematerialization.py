@@ -388,6 +388,10 @@ def test_rm_modules_that_match_nothing_name_what_the_step_calls():
         partir.jit(step, {"batch": 4}, [_x_bp(), RM("full", modules="Attention")])[0].lower(*args)
     with pytest.raises(PartitionError, match="modules="):
         RM("full", modules=[""])
+    # Policy "names" saves tagged values: a name the selected calls do not tag is an error.
+    with pytest.raises(PartitionError, match=r"names \['hidden'\] are not tagged.*tag none"):
+        partir.jit(step, {"batch": 4}, [_x_bp(), RM("names", names=["hidden"],
+                                                    modules="DropoutMLPBlock")])[0].lower(*args)
 
 
 @pytest.mark.slow  # the scanned LM, pipelined

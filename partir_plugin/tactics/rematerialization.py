@@ -227,13 +227,14 @@ class _ModuleRematHook:
         self.tactic = tactic
         self.found = _Found()
         self.calls = ModuleCalls(tactic.modules, self._wrap)
+        self.tags: set[str] = set()  # the checkpoint names the selected calls tag
 
     def __enter__(self) -> _ModuleRematRun:
         self._moves = showing_moves() if self.tactic.offload else None
         if self._moves is not None:
             self._moves.__enter__()
         self.calls.__enter__()
-        return _ModuleRematRun(self.tactic, self.found, self.calls)
+        return _ModuleRematRun(self.tactic, self.found, self.calls, self.tags)
 
     def __exit__(self, *exc) -> None:
         self.calls.__exit__(*exc)
@@ -245,9 +246,14 @@ class _ModuleRematHook:
 
         rm = self.tactic
         policy = jax_policy(rm.chosen, rm.names, rm.offload)
-        figures = _module_figures(call, policy)
-        if figures is not None:
-            self.found.figures = _summed(self.found.figures, figures)
+        traced = _module_function(call)
+        if traced is not None:
+            pure, args = traced
+            figures = _module_figures(pure, args, policy, type(call.module).__name__)
+            if figures is not None:
+                self.found.figures = _summed(self.found.figures, figures)
+            if rm.chosen is Policy.NAMES:
+                self.tags |= _module_names(pure, args)
         method = call.method
         return nn.checkpoint(lambda module, *a, **k: method(module, *a, **k), policy=policy)
 
@@ -256,16 +262,17 @@ def _summed(a: RematerializationFigures | None,
             b: RematerializationFigures) -> RematerializationFigures:
     if a is None:
         return b
+    unit = a.unit if b.unit in a.unit.split(", ") else f"{a.unit}, {b.unit}"
     return RematerializationFigures(
-        a.unit, a.trips + b.trips, a.residual_bytes_without + b.residual_bytes_without,
+        unit, a.trips + b.trips, a.residual_bytes_without + b.residual_bytes_without,
         a.residual_bytes_with + b.residual_bytes_with, a.offloaded_bytes + b.offloaded_bytes,
         a.recompute_flops + b.recompute_flops)
 
 
-def _module_figures(call: MatchedCall, policy) -> RematerializationFigures | None:
-    """RM's figures for one module call, traced apart: the module (unbound, with the call's
-    variables and a key for each of its random streams) as a function of its variables and
-    array arguments. None where that trace fails (the call still runs rematerialized)."""
+def _module_function(call: MatchedCall) -> tuple[Callable, tuple] | None:
+    """One module call as a pure function of (its variables, its array arguments), traced
+    apart from the step: the module unbound, with a key for each of its random streams, and
+    those arguments. None for a module without a scope."""
     import numpy as np
 
     module = call.module
@@ -275,7 +282,7 @@ def _module_figures(call: MatchedCall, policy) -> RematerializationFigures | Non
         variables = module.variables
         streams = list(getattr(module.scope, "rngs", {}) or {})
         unbound = module.clone(parent=None)
-    except Exception:  # noqa: BLE001 - a module without scope: no figures
+    except Exception:  # noqa: BLE001 - a module without scope: nothing to trace apart
         return None
 
     def pure(variables, *arrays):
@@ -285,12 +292,26 @@ def _module_figures(call: MatchedCall, policy) -> RematerializationFigures | Non
         rngs = {n: jax.random.PRNGKey(0) for n in streams}
         return unbound.apply(variables, *args, rngs=rngs, **kwargs)  # its __call__
 
-    arrays = tuple(x for x, a in zip(leaves, is_array) if a)
+    return pure, (variables, *(x for x, a in zip(leaves, is_array) if a))
+
+
+def _module_figures(pure: Callable, args: tuple, policy,
+                    unit: str) -> RematerializationFigures | None:
+    """RM's figures for one module call (`_module_function`); None where its trace fails (the
+    call still runs rematerialized)."""
     try:
-        return _figures(pure, jax.checkpoint(pure, policy=policy), (variables, *arrays), 1,
-                        call.label)
+        return _figures(pure, jax.checkpoint(pure, policy=policy), args, 1, unit)
     except Exception:  # noqa: BLE001 - figures are a report, never a reason to fail the step
         return None
+
+
+def _module_names(pure: Callable, args: tuple) -> set[str]:
+    """The checkpoint names one module call tags (for policy "names")."""
+    specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    try:
+        return _names_in(jax.make_jaxpr(pure)(*specs).jaxpr)
+    except Exception:  # noqa: BLE001 - untraceable apart: checked by nothing, said nowhere
+        return set()
 
 
 @dataclass(frozen=True)
@@ -466,6 +487,7 @@ class _ModuleRematRun(_RematRun):
     """RM with `modules=` on one trace: the calls its hook rematerialized (`calls`)."""
 
     calls: ModuleCalls | None = None
+    tags: set[str] = field(default_factory=set)
 
     def apply(self, ctx: TacticContext) -> None:
         rm, calls = self.tactic, self.calls
@@ -477,6 +499,12 @@ class _ModuleRematRun(_RematRun):
                 + (f"it calls {', '.join(seen[:12])}" + (" ..." if len(seen) > 12 else "")
                    if seen else "it calls none (modules= selects flax.linen modules; for "
                    "a layer loop written otherwise leave modules out)"))
+        missing = sorted(set(rm.names) - self.tags)
+        if rm.chosen is Policy.NAMES and missing:
+            raise PartitionError(
+                f"{rm.name}: names {missing} are not tagged (checkpoint_name) in the calls of "
+                f"modules {list(rm.modules)}" + (f"; they tag {sorted(self.tags)}"
+                                                  if self.tags else "; they tag none"))
         if rm.offload:
             self._check_offload(ctx)
         ctx.rematerialization = self.found.figures
