@@ -633,7 +633,9 @@ def test_acceptance_linen_decoder_dropout_causal_and_padding_masks():
 
 # == 9. flax.nnx: nnx.scan over layers =======================================================
 
-def _nnx_model():
+def _nnx_model(remat: bool = False):
+    """`remat`: the function `nnx.scan` runs is wrapped in `nnx.remat` (the layer's state comes
+    out of the checkpoint beside the activations)."""
     from flax import nnx
 
     class Block(nnx.Module):
@@ -659,17 +661,19 @@ def _nnx_model():
             self.head = nnx.Linear(D, D, rngs=rngs)
 
         def __call__(self, x, pad):
-            @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
             def run(block, h, pad):
                 return block(h, pad)
 
-            return self.head(run(self.blocks, self.embed(x), pad))
+            scanned = nnx.scan(nnx.remat(run) if remat else run,
+                               in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry)
+            return self.head(scanned(self.blocks, self.embed(x), pad))
 
     return nnx, Model(nnx.Rngs(0))
 
 
-def test_nnx_scan_layers_under_pp_bp():
-    nnx, model = _nnx_model()
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "nnx.remat"])
+def test_nnx_scan_layers_under_pp_bp(remat):
+    nnx, model = _nnx_model(remat)
     graphdef, params = nnx.split(model, nnx.Param)
     batch = {**_tokens_batch(), "pad": _padding_mask()}
     tx = optax.sgd(0.05)
@@ -684,7 +688,8 @@ def test_nnx_scan_layers_under_pp_bp():
         return optax.apply_updates(params, updates), opt_state, value, grads
 
     _, meta, _, _ = partitioned_matches_jit(train_step, (params, tx.init(params), batch),
-                                            [PP(4), BP()], what="nnx.scan over 4 blocks")
+                                            [PP(4), BP()],
+                                            what=f"nnx.scan over 4 blocks (remat={remat})")
     kernels = [s for s in jax.tree.leaves(meta.in_shardings[0]["blocks"]) if s.spec]
     assert kernels and all(s.spec[0] == "stage" for s in kernels), (
         [s.spec for s in jax.tree.leaves(meta.in_shardings[0]["blocks"])])

@@ -419,3 +419,14 @@ def test_a_transpose_of_unit_dimensions_is_a_bitcast():
     real = simulate(imported(lambda x, v: jnp.transpose(x[0], (1, 0)) @ v, x, v), MESH, HW)
     assert unit.kernels == 1 and unit.temp_peak_bytes == 0
     assert real.kernels == 2 and real.temp_peak_bytes == 64 * 256 * 4
+
+
+def test_chlo_square_is_an_elementwise_op_that_fuses():
+    """jax 0.10 lowers `jnp.square` (a norm's variance) to `chlo.square`, which XLA expands
+    to a multiply: one fused kernel with the add, no op the simulator does not know."""
+    x = jnp.ones((64, 256), jnp.float32)
+    square = simulate(imported(lambda x: jnp.square(x) + 1.0, x), MESH, HW)
+    multiply = simulate(imported(lambda x: x * x + 1.0, x), MESH, HW)
+    assert "chlo.square" in [op.name for op in imported(lambda x: jnp.square(x), x).body.ops]
+    assert not square.unknown_ops and square.kernels == multiply.kernels == 1
+    assert square.runtime_s == pytest.approx(multiply.runtime_s)

@@ -42,7 +42,8 @@ from ..layer_loop import (
     no_layer_loop,
     original_scan,
 )
-from .layer_program import KeptState, LayerProgram
+from .layer_program import KeptState, LayerProgram, computed_from
+from .weight_casts import cast_once, narrowed_inputs
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
 STATE_TAG = "pp/state"  # the stage state, `[S, microbatch, ...]`
@@ -146,8 +147,15 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                              f"schedule='gpipe'")
     kept = kept or KeptState()
     layer = layer or LayerTrace.of(body, carry, xs)
-    program = LayerProgram.build(body, carry, xs, microbatches=microbatches,
-                                 captured=layer.jaxpr.consts, site=site, kept=kept)
+    # Stacked inputs the body only casts to a narrower float (mixed-precision weights) are
+    # cast once here rather than in every microbatch's layers (`weight_casts`): the program
+    # is traced with them narrow.
+    narrow = narrowed_inputs(layer.jaxpr.jaxpr, len(carry_leaves))
+    xs_avals = [jax.ShapeDtypeStruct(a.shape, d or a.dtype) for a, d in zip(xs_leaves, narrow)]
+    program = LayerProgram.build(body, carry, jax.tree.unflatten(jax.tree.structure(xs),
+                                                                 xs_avals),
+                                 microbatches=microbatches, captured=layer.jaxpr.consts,
+                                 site=site, kept=kept)
     S, M, R = stages, microbatches, repeats
     mb = batch // M
     roles = program.roles
@@ -165,7 +173,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
             full = [None] * len(roles)
             for i, v in zip(seq_at, c):
                 full[i] = v
-            return advance(full, x)[0], c
+            return advance(full, _narrowed(x, narrow))[0], c
 
         seq_final, seq_inputs = scan(seq_step, [carry_leaves[i] for i in seq_at],
                                      xs_leaves, reverse=reverse)
@@ -176,7 +184,8 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
 
     stacked = [to_stages(_tagged(a, LAYERS_TAG)) for a in xs_leaves] + [
         to_stages(a) for a in seq_inputs]
-    n_x = len(xs_leaves)
+    n_x, n_seq = len(xs_leaves), len(seq_inputs)
+    stacked += [lax.stop_gradient(w.astype(d)) for w, d in zip(stacked, narrow) if d]
 
     def strided(c):  # [B, ...] -> [M, B/M, ...]: microbatch m is rows m, m+M, ...
         return jnp.swapaxes(c.reshape(mb, M, *c.shape[1:]), 0, 1)
@@ -186,8 +195,8 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     micro_pe = [strided(v) for v in program.per_example]
     stage = jnp.arange(S)
     pos = S - 1 - stage if reverse else stage  # each stage's place in the pipeline
-    ys = _per_layer_outputs(program, stacked, n_x, seq_at, len(roles), scan, reverse, S, R,
-                            layers)
+    ys = _per_layer_outputs(program, stacked[:n_x + n_seq], n_x, seq_at, len(roles), scan,
+                            reverse, S, R, layers, narrow)
 
     def run_stage(h, pe, m, sums, layer_inputs):
         def one(c, x):
@@ -199,7 +208,10 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                 full[i] = v
             for i, v in zip(seq_at, x[n_x:]):
                 full[i] = v
-            out, _ = program.apply(m, pe, full, x[:n_x])
+            cast = iter(x[n_x + n_seq:])
+            weights = [cast_once(w.dtype, w, next(cast)) if d else w
+                       for w, d in zip(x[:n_x], narrow)]
+            out, _ = program.apply(m, pe, full, weights)
             return ([out[i] for i in batch_at], [out[i] for i in sum_at]), None
 
         return scan(one, (h, sums), layer_inputs, reverse=reverse)[0]
@@ -296,9 +308,14 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     return jax.tree.unflatten(carry_tree, final), ys
 
 
+def _narrowed(x: list, narrow: list) -> list:
+    """The stacked inputs as the layer program reads them (`weight_casts`)."""
+    return [a.astype(d) if d else a for a, d in zip(x, narrow)] + list(x[len(narrow):])
+
+
 def _per_layer_outputs(program: LayerProgram, stacked: list, n_x: int, seq_at: list[int],
                        n_carry: int, scan: Callable, reverse: bool, S: int, R: int,
-                       layers: int):
+                       layers: int, narrow: list):
     """The scan's per-layer outputs `ys` (ones that do not depend on the activations: Flax
     `nn.scan`'s empty tuples, `nnx.scan`'s module state), each stage computing its own layers'
     from the layer inputs it holds, so no stacked input moves between stages."""
@@ -311,7 +328,7 @@ def _per_layer_outputs(program: LayerProgram, stacked: list, n_x: int, seq_at: l
         full = [None] * n_carry
         for i, v in zip(seq_at, x[n_x:]):
             full[i] = v
-        return None, compute(full, x[:n_x])[1]
+        return None, compute(full, _narrowed(x[:n_x], narrow))[1]
 
     def per_stage(inputs):  # [R, L/(S·R), ...] -> per-layer outputs of the stage's chunks
         return jax.vmap(lambda chunk: scan(per_layer, None, chunk, reverse=reverse)[1])(inputs)
@@ -338,11 +355,8 @@ class LayerTrace:
         layer = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)
         closed, shapes = jax.make_jaxpr(lambda c, x: body(c, x), return_shape=True)(
             carry, layer)
-        tainted = set(closed.jaxpr.invars[:len(jax.tree.leaves(carry))])
-        for eqn in closed.jaxpr.eqns:
-            if any(v in tainted for v in eqn.invars if not isinstance(v, jex_core.Literal)):
-                tainted.update(eqn.outvars)
-        return cls(closed, shapes, frozenset(tainted))
+        seeds = closed.jaxpr.invars[:len(jax.tree.leaves(carry))]
+        return cls(closed, shapes, frozenset(computed_from(closed.jaxpr, seeds)))
 
     def outputs_depend_on_carry(self) -> bool:
         n_carry = len(jax.tree.leaves(self.shapes[0]))

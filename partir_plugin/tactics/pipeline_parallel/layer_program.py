@@ -115,6 +115,36 @@ def _restore_dict(live: dict, saved: dict) -> None:
             live[k] = v
 
 
+def call_body(eqn) -> jex_core.Jaxpr | None:
+    """The jaxpr a call equation (a nested `jax.jit`, `jax.checkpoint`) runs on its operands,
+    positionally; None for any other equation."""
+    if eqn.primitive.name not in microbatch_rng.CALLS:
+        return None
+    inner = [j for j in jex_core.jaxprs_in_params(eqn.params)
+             if len(j.invars) == len(eqn.invars) and len(j.outvars) == len(eqn.outvars)]
+    return inner[0] if len(inner) == 1 else None
+
+
+def computed_from(jaxpr: jex_core.Jaxpr, seeds) -> set:
+    """The variables of `jaxpr` computed from `seeds`. Through a call, only the results its
+    body computes from them (an `nnx.remat` around `nnx.scan`'s function returns the layer's
+    state beside the activations); any other equation reading one gives all its results."""
+    tainted = set(seeds)
+    for eqn in jaxpr.eqns:
+        read = [i for i, v in enumerate(eqn.invars)
+                if not isinstance(v, jex_core.Literal) and v in tainted]
+        if not read:
+            continue
+        body = call_body(eqn)
+        if body is None:
+            tainted.update(eqn.outvars)
+            continue
+        inside = computed_from(body, [body.invars[i] for i in read])
+        tainted.update(o for o, v in zip(eqn.outvars, body.outvars)
+                       if not isinstance(v, jex_core.Literal) and v in inside)
+    return tainted
+
+
 def _substitutable(c) -> bool:
     """A captured value `_reading` can stand in for: a jax tracer (a value of the step) or a
     jax array (a constant the step closes over), not a numpy array (jax converts it anew at
@@ -202,16 +232,12 @@ class LayerProgram:
 
     def _tainted(self) -> set:
         """Variables of the jaxpr computed from the batch (per-example inputs and batch-major
-        carry leaves); a call reading one taints all its outputs."""
+        carry leaves; `computed_from`)."""
         jaxpr = self.jaxpr.jaxpr
         n_pe = len(self.per_example)
         carry_in = jaxpr.invars[n_pe:n_pe + len(self.batch_mask)]
-        tainted = set(jaxpr.invars[:n_pe])
-        tainted.update(v for v, b in zip(carry_in, self.batch_mask) if b)
-        for eqn in jaxpr.eqns:
-            if any(not isinstance(v, jex_core.Literal) and v in tainted for v in eqn.invars):
-                tainted.update(eqn.outvars)
-        return tainted
+        return computed_from(jaxpr, [*jaxpr.invars[:n_pe],
+                                     *(v for v, b in zip(carry_in, self.batch_mask) if b)])
 
     def _roles(self, site: str, sentinel_jaxpr, sentinel_rows: int) -> list[str]:
         from .row_sums import sum_over_rows

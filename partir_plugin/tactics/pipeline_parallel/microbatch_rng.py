@@ -35,6 +35,9 @@ from ...errors import PartitionError
 
 _INLINED = frozenset({"jit", "pjit", "closed_call", "core_call"})
 _REMAT = frozenset({"remat2", "checkpoint", "remat"})
+# Calls whose jaxpr reads the call's operands positionally, with the same values, and returns
+# its results: what an analysis of the layer may follow inside (`layer_program.call_body`).
+CALLS = _INLINED | _REMAT
 
 
 def where(eqn) -> str:

@@ -17,7 +17,7 @@ ELEMENTWISE = frozenset({
     "sign", "compare", "select", "clamp", "and", "or", "xor", "not", "shift_left",
     "shift_right_arithmetic", "shift_right_logical", "floor", "ceil", "round_nearest_afz",
     "round_nearest_even", "is_finite", "popcnt", "count_leading_zeros", "real", "imag", "complex",
-    "reduce_precision", "next_after",
+    "reduce_precision", "next_after", "square",  # chlo.square (jax 0.10 lowers lax.square to it)
 })
 TRANSCENDENTAL = frozenset({
     "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic", "tanh", "sqrt",
