@@ -359,12 +359,19 @@ def test_module_patterns_match_class_or_module_names():
 
 @pytest.mark.parametrize("pattern", ["DropoutMLPBlock",
                                      pytest.param("block_*", marks=pytest.mark.exhaustive)])
-def test_rm_modules_recomputes_the_selected_flax_modules(pattern):
+def test_rm_modules_recomputes_the_selected_flax_modules(pattern, monkeypatch):
     """An unscanned model (RM without modules= finds no layer loop): the blocks, selected by
     class or by module name, recomputed (the step's FLOPs grow by the figures' recompute);
     jax.jit's numbers, dropout masks included. (Temporaries: XLA:CPU keeps an unrolled
     model's recomputation next to its forward pass, as with jax.checkpoint written in the
-    model; the scanned LM below shows the memory.)"""
+    model; the scanned LM below shows the memory.) The identical blocks' figures are traced
+    once and counted once per call."""
+    from partir_plugin.tactics import rematerialization
+
+    traced = []
+    figures_of = rematerialization._module_figures
+    monkeypatch.setattr(rematerialization, "_module_figures",
+                        lambda *a: traced.append(a[-1]) or figures_of(*a))
     step, args = _unrolled()
     with pytest.raises(PartitionError, match="no layer loop found"):
         partir.jit(step, {"batch": 4}, [_x_bp(), RM("full")])[0].lower(*args)
@@ -379,6 +386,7 @@ def test_rm_modules_recomputes_the_selected_flax_modules(pattern):
     assert figures.activation_bytes_saved > 0 and figures.recompute_flops > 0, figures
     assert any(f"{LAYERS} call(s) of DropoutMLPBlock rematerialized" in n
                for n in rows[-1].notes), rows[-1].notes
+    assert traced == ["DropoutMLPBlock"], traced  # 4 identical calls, traced apart once
 
 
 def test_rm_modules_that_match_nothing_name_what_the_step_calls():

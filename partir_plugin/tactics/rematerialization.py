@@ -228,6 +228,9 @@ class _ModuleRematHook:
         self.found = _Found()
         self.calls = ModuleCalls(tactic.modules, self._wrap)
         self.tags: set[str] = set()  # the checkpoint names the selected calls tag
+        # A call's figures and tags by what determines them (`_call_key`): an unrolled model's
+        # identical blocks are traced apart once, not once per block.
+        self._seen: dict[tuple, tuple[RematerializationFigures | None, set[str]]] = {}
 
     def __enter__(self) -> _ModuleRematRun:
         self._moves = showing_moves() if self.tactic.offload else None
@@ -249,11 +252,15 @@ class _ModuleRematHook:
         traced = _module_function(call)
         if traced is not None:
             pure, args = traced
-            figures = _module_figures(pure, args, policy, type(call.module).__name__)
+            key = _call_key(call, args)
+            if key not in self._seen:
+                self._seen[key] = (
+                    _module_figures(pure, args, policy, type(call.module).__name__),
+                    _module_names(pure, args) if rm.chosen is Policy.NAMES else set())
+            figures, tags = self._seen[key]
             if figures is not None:
                 self.found.figures = _summed(self.found.figures, figures)
-            if rm.chosen is Policy.NAMES:
-                self.tags |= _module_names(pure, args)
+            self.tags |= tags
         method = call.method
         return nn.checkpoint(lambda module, *a, **k: method(module, *a, **k), policy=policy)
 
@@ -293,6 +300,28 @@ def _module_function(call: MatchedCall) -> tuple[Callable, tuple] | None:
         return unbound.apply(variables, *args, rngs=rngs, **kwargs)  # its __call__
 
     return pure, (variables, *(x for x, a in zip(leaves, is_array) if a))
+
+
+def _call_key(call: MatchedCall, args: tuple) -> tuple | None:
+    """What a module call's figures depend on: the module's class and configuration (its
+    dataclass fields but its name and parent), the shapes and dtypes of its variables and
+    arguments, and the non-array arguments; a key equal to no other where that is not
+    hashable."""
+    import dataclasses
+
+    module = call.module
+    config = tuple((f.name, getattr(module, f.name, None)) for f in dataclasses.fields(module)
+                   if f.name not in ("name", "parent"))
+    leaves, tree = jax.tree.flatten(args)
+    avals = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    static = [x for x in jax.tree.leaves((call.args, call.kwargs))
+              if not hasattr(x, "shape")]
+    key = (type(module), config, tree, avals, tuple(map(repr, static)))
+    try:
+        hash(key)
+    except TypeError:
+        return (object(),)
+    return key
 
 
 def _module_figures(pure: Callable, args: tuple, policy,
