@@ -11,7 +11,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test test-all test-fast lint bench-redistribution bench-step-time bench-paper-counts \
 	bench-partition-time bench-shard-map-toll bench-autopart bench-context-parallel \
-	bench-pipeline bench-plan bench-plan-scale bench-megatron bench-memory-estimates clean
+	bench-pipeline bench-plan bench-plan-scale bench-megatron bench-megatron-rankings \
+	bench-memory-estimates clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +68,9 @@ bench-plan: $(STAMP)
 
 bench-megatron: $(STAMP)
 	$(BIN)/python benchmarks/megatron_sweep.py
+
+bench-megatron-rankings: $(STAMP)
+	$(BIN)/python benchmarks/megatron_rankings.py
 
 bench-plan-scale: $(STAMP)
 	$(BIN)/python benchmarks/plan_at_scale.py

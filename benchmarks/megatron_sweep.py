@@ -61,6 +61,9 @@ class Run:
     gpus: int
     batch: int
     tflops_per_gpu: float  # published, achieved (model FLOPs with recomputation)
+    # Microbatches of one sequence even where p = 1 (gradient accumulation), as Megatron's
+    # configuration sweeps ran; Table 1's p = 1 rows are taken without.
+    accumulate: bool = False
 
     @property
     def data(self) -> int:
@@ -136,15 +139,15 @@ def config(run: Run):
 
 def published_schedule(run: Run, recompute: str | None = None) -> list:
     """Megatron's parallelism as a schedule: PP over `stage` with one sequence per microbatch
-    and data-parallel rank (none where p = 1), BP over `data`, MP over `model` (GPT rule),
-    and `RM(recompute)` when given (the published runs recomputed: "full"), per transformer
-    layer as Megatron checkpoints (`modules="Block"`: under PP each layer of each microbatch,
-    not the whole stage body)."""
+    and data-parallel rank (none where p = 1 unless `run.accumulate`), BP over `data`, MP over
+    `model` (GPT rule), and `RM(recompute)` when given (the published runs recomputed:
+    "full"), per transformer layer as Megatron checkpoints (`modules="Block"`: under PP each
+    layer of each microbatch, not the whole stage body)."""
     import partir_plugin as partir
 
     schedule = [partir.tactic("BP", axis="data"),
                 partir.tactic("MP", rule=gpt_rule, axis="model")]
-    if run.pipeline > 1:
+    if run.pipeline > 1 or run.accumulate:
         schedule.insert(0, partir.tactic("PP", axis="stage",
                                          microbatches=run.batch // run.data))
     if recompute is not None:

@@ -7,11 +7,11 @@ estimated no slower than Megatron-LM's published configuration (issue 38's accep
 The models and the published configurations are benchmarks/megatron_sweep.py's (Narayanan et
 al. 2021, Table 1: the GPT at 18.4B on 256 GPUs to 145.6B on 1536, `a100-80gb` with its
 cluster). For each row: the estimate of the published configuration as Megatron ran it
-(`[PP, BP, MP]` on `{stage: p, data: d, model: t}`, with and without `RM("full")`: Megatron
-recomputed every layer), then `partir.plan(step, *abstract_args, devices=GPUs,
-hardware="a100-80gb", seconds=..., model_rule=gpt_rule)`, its best plan and whether that plan
-fits 80 GiB in its own estimate and is estimated no slower than the published configuration
-(the faster of its two estimates). Estimates only: nothing runs.
+(`[PP, BP, MP]` on `{stage: p, data: d, model: t}`, with and without recomputing each layer,
+`RM("full", modules="Block")`, as Megatron did), then `partir.plan(step, *abstract_args,
+devices=GPUs, hardware="a100-80gb", seconds=..., model_rule=gpt_rule)`, its best plan and
+whether that plan fits 80 GiB in its own estimate and is estimated no slower than the
+published configuration (the faster of its two estimates). Estimates only: nothing runs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DEFAULT_ROWS = ("18.4B", "39.1B", "76.1B", "145.6B")
 @dataclasses.dataclass
 class Row:
     run: megatron_sweep.Run
-    published: list  # the published configuration's estimates: without RM, with RM("full")
+    published: list  # the published configuration's estimates: without RM, with RM
     plans: object  # partir.Plans
     seconds: float  # the plan's wall time
 
@@ -91,7 +91,7 @@ def section(rows: list[Row], seconds: float) -> str:
              f"`{COMMAND} --seconds {seconds:g}` (jax {jax.__version__}; estimates only, "
              "nothing runs). Benchmarks/megatron_sweep.py's GPT rows on `a100-80gb` (8 GPUs a "
              "node); the published configuration estimated as Megatron ran it, without and "
-             "with `RM(\"full\")`; then `partir.plan(..., devices=GPUs, hardware=\"a100-80gb\", "
+             "with recomputation; then `partir.plan(..., devices=GPUs, hardware=\"a100-80gb\", "
              f"seconds={seconds:g}, model_rule=gpt_rule)` and its best plan. Accepted: the plan "
              "fits 80 GiB in its own estimate and is estimated no slower than the faster "
              "estimate of the published configuration.", "",

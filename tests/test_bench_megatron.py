@@ -20,3 +20,14 @@ def test_a_pipelined_published_configuration_is_estimated_within_the_acceptance(
         f"{run.name}: estimated {result.runtime_s:.2f} s per iteration, published "
         f"{run.published_s:.2f} s: ratio {ratio:.2f}")
     assert not result.unknown_ops, result.unknown_ops
+
+
+@pytest.mark.exhaustive  # five 5.9B GPT configurations (~30 s); `make bench-megatron-rankings`
+def test_the_rankings_benchmark_writes_its_section(tmp_path):
+    rankings = benchmark_module.load("megatron_rankings")
+    out = tmp_path / "BENCHMARKS.md"
+    rankings.main(["--figures", "14", "--batches", "32", "--output", str(out)])
+    text = out.read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| 14 |")]
+    assert row.rstrip().endswith(("| yes |", "| no |")), row
+    assert "Sweeps whose estimated ranking matches the stated one" in text
