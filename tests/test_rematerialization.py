@@ -310,6 +310,10 @@ def test_offload_estimated_for_a_spec_with_a_host_link():
     assert rows["offload"].rematerialization.offloaded_bytes > 0
     assert rows["dots"].rematerialization.offloaded_bytes == 0
     assert rows["offload"].estimated_runtime_s > rows["dots"].estimated_runtime_s
+    # The offloaded residual stacks live in host memory: not in the device's peak.
+    assert (rows["offload"].estimated_peak_memory_bytes
+            < rows["dots"].estimated_peak_memory_bytes), (
+        rows["offload"].estimated_peak_memory_bytes, rows["dots"].estimated_peak_memory_bytes)
 
 
 # -- modules=: the calls of Flax modules selected by name --------------------------------------

@@ -45,7 +45,7 @@ from .combiner import combine_collectives
 from .comm import collective_cost, communication_kind
 from .costs import BlockCost, Kernel, nbytes
 from .fusion import common_subexpressions, fused_values, splats
-from .loops import passed_through, trip_count, unread_carries
+from .loops import host_carries, passed_through, trip_count, unread_carries
 from .opcost import SHORT_NAMES, short_name
 from .timeline import list_schedule, timeline_events
 
@@ -171,6 +171,11 @@ class _Analyser:
                 for i in passed_through(op):
                     v = op.operands[i]
                     owner[results[i]] = owner.get(v, v)
+                for i in host_carries(op):  # a stack of offloaded values, and its start
+                    kinds[results[i]] = "host"
+                    start = owner.get(op.operands[i], op.operands[i])
+                    if kinds.get(start) == "temp":
+                        kinds[start] = "host"
 
         kernels = combine_collectives(kernels, owner, self.hw, cost, self.mesh)
         starts: list[float] | None = [] if self.timeline else None

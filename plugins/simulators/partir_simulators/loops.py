@@ -10,7 +10,7 @@ import re
 
 from partir_plugin.extend import Op, Value
 
-from .opcost import short_name
+from .opcost import placement, short_name
 
 
 def _const_int(v: Value) -> int | None:
@@ -106,3 +106,29 @@ def passed_through(op: Op) -> set[int]:
     body = op.regions[1].blocks[0]
     returned = body.ops[-1].operands
     return {i for i, (a, r) in enumerate(zip(body.args, returned)) if a is r}
+
+
+# Ops through which a moved value keeps its memory kind (a view of it, or of its elements).
+_KIND_VIEWS = frozenset({"reshape", "broadcast_in_dim", "bitcast_convert", "convert"})
+
+
+def host_carries(op: Op) -> set[int]:
+    """Indices of a `while`'s carried values that live in host memory: those its body
+    updates in place (`dynamic_update_slice` into the carried value) with a value moved to
+    host memory (RM's offloaded residuals, stacked by a scan). XLA's host offloading places
+    such a stack, and the buffer it starts as, in host memory, so it is no device buffer."""
+    if len(op.regions) < 2 or not op.regions[1].blocks[0].ops:
+        return set()
+    body = op.regions[1].blocks[0]
+    found = set()
+    for i, (arg, new) in enumerate(zip(body.args, body.ops[-1].operands)):
+        update = new.producer
+        if (update is None or short_name(update) != "dynamic_update_slice"
+                or update.operands[0] is not arg):
+            continue
+        v = update.operands[1]
+        while v.producer is not None and short_name(v.producer) in _KIND_VIEWS:
+            v = v.producer.operands[0]
+        if v.producer is not None and placement(v.producer) == "pinned_host":
+            found.add(i)
+    return found
