@@ -421,11 +421,12 @@ def _jaxpr_flops(jaxpr) -> float:
 
 
 def _residual_bytes(fn: Callable, specs) -> tuple[int, int]:
-    """Bytes of the residuals the vjp of `fn` keeps: (in device memory, in host memory)."""
-    from jax._src.ad_checkpoint import saved_residuals  # jax prints it only (print_saved_residuals)
-
+    """Bytes of the residuals the vjp of `fn` keeps: (in device memory, in host memory). The
+    pullback `jax.vjp` returns is a pytree of them (what `jax.ad_checkpoint.
+    print_saved_residuals` prints); its avals carry their memory space."""
+    pullback = jax.make_jaxpr(lambda *args: jax.vjp(fn, *args)[1])(*specs)
     device = host = 0
-    for aval, _ in saved_residuals(fn, *specs):
+    for aval in pullback.out_avals:
         nbytes = math.prod(aval.shape) * aval.dtype.itemsize
         if str(getattr(aval, "memory_space", "")).lower().endswith("host"):
             host += nbytes
