@@ -64,10 +64,17 @@ def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
     assert data["measurements"]["devices"] == 2
     assert data["flops_per_s"]["f32"] > 0 and data["memory_bandwidth_bytes_per_s"] > 0
     assert data["links"]["host"]["bandwidth_bytes_per_s"] > 0
+    assert data["measurements"]["load_average"] >= 0 and data["measurements"]["cores"] >= 1
     monkeypatch.setenv(CALIBRATION_ENV, str(out))
     spec = manager.hardware_specs()["host-cpu"]
     assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])
     assert "measured" in spec.notes
+
+
+def test_a_calibration_on_a_busy_host_is_warned_about():
+    assert calibrate.busy_host(0.5, 2) is None and calibrate.busy_host(3.0, None) is None
+    warning = calibrate.busy_host(9.3, 2)
+    assert warning and "busy" in warning and "9.3" in warning and "partir calibrate" in warning
 
 
 def test_gemm_fit_recovers_rate_and_half_size():

@@ -94,7 +94,21 @@ def run(args: argparse.Namespace) -> int:
     output.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data, indent=2))
     print(f"saved to {output}", file=sys.stderr)
+    warning = busy_host(data["measurements"]["load_average"], data["measurements"]["cores"])
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def busy_host(load_average: float, cores: int | None) -> str | None:
+    """A warning when the host was busy while it was measured (a 1-minute load average above
+    half its cores): the figures then describe the share of the host other work left (a
+    calibration taken beside a test run measured a quarter of the idle memory bandwidth)."""
+    if not cores or load_average <= cores / 2:
+        return None
+    return (f"warning: the host was busy while measured (load average {load_average:.1f} on "
+            f"{cores} cores): the saved figures are slower than this host is idle; rerun "
+            f"`partir calibrate` when it is idle")
 
 
 def _best_time(fn, *args, budget_s: float, max_reps: int = 20) -> float:
@@ -122,6 +136,7 @@ def measure(budget_s: float, devices: int) -> dict:
     from jax.sharding import PartitionSpec as P
 
     start = time.perf_counter()
+    load = os.getloadavg()[0]
     quick = budget_s < 5
     cpus = jax.devices("cpu")[:devices]
     k = len(cpus)
@@ -198,6 +213,7 @@ def measure(budget_s: float, devices: int) -> dict:
         "noop_small_s": t_small0, "psum_large_s": t_big,
         "psum_large_bytes_per_device": nbytes, "chain_long_s": t_long, "chain_short_s": t_short,
         "seconds": round(time.perf_counter() - start, 3), "jax": jax.__version__,
+        "load_average": round(load, 2), "cores": os.cpu_count(),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     return data
