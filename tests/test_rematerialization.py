@@ -78,6 +78,7 @@ def _run(step, args, mesh, schedule, what):
 
 
 _MLP_SCHEDULES = {"BP": lambda: [BP()], "BP,RM": lambda: [BP(), RM("full")],
+                  "BP,RM(layer)": lambda: [BP(), RM("full", unit="layer")],
                   "RM,BP": lambda: [RM("full"), BP()], "BP,RM(dots)": lambda: [BP(), RM("dots")],
                   "BP,RM(names)": lambda: [BP(), RM("names", names=["hidden"])],
                   "BP,RM(none)": lambda: [BP(), RM("none")]}
@@ -128,6 +129,28 @@ def test_pp_bp_rm_gives_jax_jit_numbers_recomputing_each_pipeline_iteration():
     figures = rows[-1].rematerialization
     assert figures.unit.startswith("stage body (2 stages x 2 layers"), figures
     assert figures.trips == 4 + 2 - 1, figures  # M + S - 1 iterations
+
+
+def test_pp_bp_rm_unit_layer_recomputes_each_layer_of_each_iteration():
+    """`unit="layer"` under PP: each layer of each pipeline iteration recomputed (Megatron's
+    recomputation, no module names needed), jax.jit's numbers; it keeps every layer's input
+    of every microbatch, so it saves less than recomputing whole iterations."""
+    args, mesh = (_mlp_params(), _mlp_batch()), {"stage": 2, "batch": 2}
+    _, rows = _run(mlp_step, args, mesh, [PP(4), BP(), RM("full", unit="layer")],
+                   "MLP [PP(4), BP, RM(full, unit=layer)]")
+    layer = rows[-1].rematerialization
+    assert layer.unit.startswith("layer of a stage"), layer
+    assert layer.trips == (4 + 2 - 1) * 2 * 2, layer  # iterations x layers a stage x stages
+    _, rows = _run(mlp_step, args, mesh, [PP(4), BP(), RM("full")], "MLP [PP(4), BP, RM]")
+    iteration = rows[-1].rematerialization
+    assert 0 < layer.activation_bytes_saved < iteration.activation_bytes_saved, (
+        layer, iteration)
+
+
+def test_without_pp_unit_layer_is_the_loop_body():
+    """Without PP a layer is an iteration of the loop: the same program either way."""
+    (full, rows), (layer, layer_rows) = _mlp("BP,RM"), _mlp("BP,RM(layer)")
+    assert layer == full and layer_rows[-1].rematerialization == rows[-1].rematerialization
 
 
 # -- the Flax nn.scan LM recipe (as tests/test_pp_recipes.py), no nn.remat -----------------
@@ -255,6 +278,10 @@ def test_unknown_policy_and_misused_options_are_refused():
         RM("full", names=["hidden"])
     with pytest.raises(PartitionError, match="needs policy 'dots' or 'names'"):
         RM("full", offload=True)
+    with pytest.raises(PartitionError, match=r"unknown unit 'stage'.*'iteration', 'layer'"):
+        RM("full", unit="stage")
+    with pytest.raises(PartitionError, match="unit='layer' does not apply"):
+        RM("full", modules="Block", unit="layer")
 
 
 def test_names_that_tag_nothing_are_refused():

@@ -185,7 +185,7 @@ class _Queue:
 
     @staticmethod
     def kind(c: Candidate) -> tuple:
-        return (c.layout.stage > 1, c.layout.model > 1, c.remat)
+        return (c.layout.stage > 1, c.layout.model > 1, c.remat, c.remat_unit)
 
     def __len__(self) -> int:
         return len(self.left)
@@ -320,7 +320,8 @@ def _why(c: Candidate, e: Estimate, limit: int, node: int | None, auto=None) -> 
         what = "optimizer state" if c.zero == 2 else "params and optimizer state"
         parts.append(f"{what} sharded {lay.data} ways")
     if c.remat:
-        parts.append(f"recomputes activations ({c.remat})")
+        each = ", each layer" if c.remat_unit == "layer" else ""
+        parts.append(f"recomputes activations ({c.remat}{each})")
     parts.append(f"est. {fmt_time(e.step_time_s)}/step (compute {fmt_time(e.compute_s)}, "
                  f"communication {fmt_time(e.communication_s)}), peak "
                  f"{fmt_bytes(e.peak_memory_bytes)} of {fmt_bytes(limit)}")

@@ -67,7 +67,8 @@ class Candidate:
     """One configuration: a layout and what runs on each axis.
 
     `microbatches` > 1 with one stage is gradient accumulation (PP on a stage axis of size 1);
-    `zero` is 0, 2 or 3 (ZeRO stage on the data axis); `remat` an RM policy or None."""
+    `zero` is 0, 2 or 3 (ZeRO stage on the data axis); `remat` an RM policy or None, and
+    `remat_unit` what it recomputes when pipelined (RM's `unit`: "iteration" or "layer")."""
 
     layout: Layout
     microbatches: int = 1
@@ -75,6 +76,7 @@ class Candidate:
     repeats: int = 1
     zero: int = 0
     remat: str | None = None
+    remat_unit: str = "iteration"
 
     @property
     def pipelined(self) -> bool:
@@ -95,7 +97,8 @@ class Candidate:
         `model` names the model axis's tactic ("Auto" where AutomaticPartition chose)."""
         lay, parts = self.layout, []
         if self.remat:
-            parts.append(f"RM({self.remat})")
+            per_layer = ", layer" if self.remat_unit == "layer" else ""
+            parts.append(f"RM({self.remat}{per_layer})")
         if self.pipelined:
             kind = "GA" if lay.stage == 1 else "PP"
             extra = (f", {self.pipeline} x{self.repeats}" if self.repeats > 1 else "")
@@ -117,7 +120,7 @@ class Candidate:
 
         lay, out = self.layout, []
         if self.remat:
-            out.append(tactic("RM", policy=self.remat))
+            out.append(tactic("RM", policy=self.remat, unit=self.remat_unit))
         if self.pipelined:
             out.append(tactic("PP", axis=STAGE, microbatches=self.microbatches,
                               schedule=self.pipeline, repeats=self.repeats))
@@ -178,7 +181,9 @@ def layouts(devices: int, limits: SpaceLimits) -> Iterator[Layout]:
 def candidates(layout: Layout, limits: SpaceLimits, accumulate: bool) -> Iterator[Candidate]:
     """The configurations of one layout: microbatch counts and pipeline schedules (with
     stages), gradient accumulation (`accumulate`: when the layout alone cannot fit), ZeRO
-    stages (with data parallelism), RM policies."""
+    stages (with data parallelism), RM policies (pipelined: recomputing each iteration, or
+    each layer of it, which keeps every layer's input but does not rewrite the layers'
+    residuals)."""
     shards = layout.data * layout.expert
     rows = limits.batch // shards  # rows per data shard
     pipelines: list[Candidate] = []
@@ -198,6 +203,9 @@ def candidates(layout: Layout, limits: SpaceLimits, accumulate: bool) -> Iterato
                           if rows % m == 0]
     zeros = (0, 2, 3) if limits.zero and layout.data > 1 else (0,)
     for base in pipelines:
+        units = ("iteration", "layer") if base.pipelined else ("iteration",)
         for z in zeros:
-            for remat in (None, *limits.remat_policies):
-                yield replace(base, zero=z, remat=remat)
+            yield replace(base, zero=z)
+            for remat in limits.remat_policies:
+                for unit in units:
+                    yield replace(base, zero=z, remat=remat, remat_unit=unit)

@@ -6,12 +6,18 @@ substitutes a pipeline for it (`pipeline_parallel`), RM rematerializes its body
 tactic's trace hook is a `LayerLoopHook`; while any is entered, `jax.lax.scan` is
 `_dispatching_scan`, which hands the first scan over stacked layers of this context's trace
 to the hooks entered for it and every other scan to jax.
+
+The loop's units of work go through the hooks' `remat`, each with its `Unit`: a plain loop's
+body is one layer and one iteration of the loop at once; a pipelined loop offers its
+iterations (every layer of a stage on a microbatch) and, inside them, each layer, and RM
+recomputes the one it was asked for (`unit=`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +29,18 @@ from jax import lax
 from ..errors import PartitionError
 from .base import Tactic
 
-# (the loop's unit of work, how many times the loop runs it, what it is) -> the same function,
-# rematerialized
-Remat = Callable[[Callable, int, str], Callable]
+
+class Unit(enum.Flag):
+    """What a unit of work of the layer loop is: one layer, one iteration of the loop, or both
+    (a plain loop's body)."""
+
+    LAYER = enum.auto()
+    ITERATION = enum.auto()
+
+
+# (the loop's unit of work, how many times the step runs it, what it is in words, which Unit)
+# -> the same function, rematerialized
+Remat = Callable[[Callable, int, str, Unit], Callable]
 
 
 def call_site() -> str:
@@ -124,9 +139,10 @@ class LayerLoopHook:
     def found(self, call: ScanCall) -> None:
         """This trace's layer loop is `call` (raise to refuse it)."""
 
-    def remat(self, fn: Callable, trips: int, unit: str) -> Callable:
-        """`fn`, the loop's unit of work (`unit` says what it is; the loop runs it `trips`
-        times), as this hook would have it recomputed (itself by default)."""
+    def remat(self, fn: Callable, trips: int, unit: str, kind: Unit) -> Callable:
+        """`fn`, a unit of work of the loop (`unit` says what it is in words, `kind` which
+        `Unit`; the step runs it `trips` times), as this hook would have it recomputed
+        (itself by default)."""
         return fn
 
     def substitute(self, call: ScanCall, remat: Remat) -> Any:
@@ -218,13 +234,13 @@ def _dispatching_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **
     for h in hooks:
         h.found(call)
 
-    def remat(fn: Callable, trips: int, unit: str) -> Callable:
+    def remat(fn: Callable, trips: int, unit: str, kind: Unit) -> Callable:
         for h in hooks:
-            fn = h.remat(fn, trips, unit)
+            fn = h.remat(fn, trips, unit, kind)
         return fn
 
     runner = next((h for h in hooks if h.substitutes), None)
     if runner is not None:
         return runner.substitute(call, remat)
     layers = jax.tree.leaves(xs)[0].shape[0]
-    return call.run(remat(f, layers, "layer body"))
+    return call.run(remat(f, layers, "layer body", Unit.LAYER | Unit.ITERATION))

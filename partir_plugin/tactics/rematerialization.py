@@ -35,7 +35,7 @@ from ..core.actions import TacticContext
 from ..errors import PartitionError
 from .base import Tactic
 from .host_offload import backend_offloads, showing_moves
-from .layer_loop import LayerLoopHook, LoopRun, ScanCall, no_layer_loop
+from .layer_loop import LayerLoopHook, LoopRun, ScanCall, Unit, no_layer_loop
 from .module_calls import MatchedCall, ModuleCalls
 
 
@@ -48,6 +48,12 @@ class Policy(enum.Enum):
     NAMES = "names"  # the values tagged `checkpoint_name(x, n)` for n in `names`
     NONE = "none"  # everything (no rematerialization)
 
+
+# What RM recomputes in the layer loop: "iteration", each iteration of the loop (with PP a
+# pipeline iteration: every layer of a stage on a microbatch, saving only its input); "layer",
+# each layer (with PP: of each iteration, as Megatron-LM recomputes; saving every layer's
+# input). Without PP an iteration is a layer.
+UNITS = ("iteration", "layer")
 
 # The memory kind saved residuals go to with offload=True.
 HOST_MEMORY = "pinned_host"
@@ -78,7 +84,7 @@ class RematerializationFigures:
     """What RM changes in the step, counted on jax's trace of its unit of work (the loop body,
     or with PP the stage body of one iteration) times the loop's trip count, for the whole
     batch before partitioning (a device holds its share of it): the residuals the backward
-    pass keeps with and without RM (jax's `saved_residuals`), those RM keeps in
+    pass keeps with and without RM (the residuals of `jax.vjp`), those RM keeps in
     host memory, and the FLOPs of the forward work the backward pass does again (the vjp's
     FLOPs with RM minus without: matmuls 2·M·N·K, other arithmetic one per element)."""
 
@@ -121,7 +127,8 @@ class Rematerialization(Tactic):
     keeping what is saved in host memory (`offload`, with "dots" or "names").
 
     The layer loop is the one PP pipelines (a `lax.scan` over stacked layers, as Flax
-    `nn.scan` writes it); with PP in the schedule, each pipeline iteration is recomputed.
+    `nn.scan` writes it); with PP in the schedule, each pipeline iteration is recomputed, or
+    with `unit="layer"` each layer of each iteration (`UNITS`).
     With `modules` (Flax linen class or module names; globs), the calls of those modules are
     recomputed instead, each on its own (under PP: each layer of each iteration).
     RM decides no tiling: it changes the traced program, and its report row says what it
@@ -131,8 +138,13 @@ class Rematerialization(Tactic):
     names: tuple[str, ...] = ()
     offload: bool = False
     modules: tuple[str, ...] = ()
+    unit: str = "iteration"
     name: str = "RM"
     chosen: Policy = field(init=False, repr=False)
+
+    @property
+    def unit_kind(self) -> Unit:
+        return Unit.LAYER if self.unit == "layer" else Unit.ITERATION
 
     def __post_init__(self) -> None:
         known = [p.value for p in Policy]
@@ -147,6 +159,12 @@ class Rematerialization(Tactic):
         if not all(isinstance(m, str) and m for m in self.modules):
             raise PartitionError(f"{self.name}: modules={self.modules!r}: give Flax module "
                                  f"class or module names (globs such as 'Block' or 'block_*')")
+        if self.unit not in UNITS:
+            raise PartitionError(f"{self.name}: unknown unit {self.unit!r} (available: "
+                                 f"{', '.join(map(repr, UNITS))})")
+        if self.modules and self.unit != "iteration":
+            raise PartitionError(f"{self.name}: modules= recomputes each selected module "
+                                 f"call: unit={self.unit!r} does not apply with it")
         if self.chosen is Policy.NAMES and not self.names:
             raise PartitionError(f"{self.name}: policy 'names' saves the values the model "
                                  f"tags with jax.ad_checkpoint.checkpoint_name: list them "
@@ -198,8 +216,10 @@ class _RematHook(LayerLoopHook):
     def found(self, call: ScanCall) -> None:
         self.run.found.site = call.site
 
-    def remat(self, fn: Callable, trips: int, unit: str) -> Callable:
+    def remat(self, fn: Callable, trips: int, unit: str, kind: Unit) -> Callable:
         rm, found = self.tactic, self.run.found
+        if rm.unit_kind not in kind:
+            return fn
         policy = jax_policy(rm.chosen, rm.names, rm.offload)
 
         def unit_of_work(*args):

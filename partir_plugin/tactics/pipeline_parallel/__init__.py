@@ -38,6 +38,7 @@ from ..layer_loop import (
     LoopRun,
     Remat,
     ScanCall,
+    Unit,
     call_site,
     no_layer_loop,
     original_scan,
@@ -129,8 +130,9 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     output buffer hold before anything is written (NaN proves that no bubble slot reaches the
     results). `reverse`: the layers run last to first (the pipeline's first stage holds the
     last layers; the stack stays where it is). `layer`: the body traced for the whole batch.
-    `remat` wraps each iteration's stage body (every stage's layers on the microbatch it
-    holds), the unit RM recomputes (`layer_loop.LayerLoopHook.remat`).
+    `remat` is offered each iteration's stage body (every stage's layers on the microbatch
+    it holds) and, inside it, each layer: the units RM may recompute
+    (`layer_loop.LayerLoopHook.remat`).
     """
     carry_leaves, carry_tree = jax.tree.flatten(carry)
     xs_leaves = jax.tree.leaves(xs)
@@ -198,6 +200,8 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     ys = _per_layer_outputs(program, stacked[:n_x + n_seq], n_x, seq_at, len(roles), scan,
                             reverse, S, R, layers, narrow)
 
+    per = layers // (S * R)
+
     def run_stage(h, pe, m, sums, layer_inputs):
         def one(c, x):
             hs, acc = c
@@ -214,14 +218,16 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
             out, _ = program.apply(m, pe, full, weights)
             return ([out[i] for i in batch_at], [out[i] for i in sum_at]), None
 
+        if remat is not None:  # traced per stage (inside the vmap): S of them per layer
+            one = remat(one, shape.iterations * per * S,
+                        f"layer of a stage on a microbatch of {mb}", Unit.LAYER)
         return scan(one, (h, sums), layer_inputs, reverse=reverse)[0]
 
     stage_body = jax.vmap(run_stage)
     if remat is not None:
-        per = layers // (S * R)
         stage_body = remat(stage_body, shape.iterations,
                            f"stage body ({S} stages x {per} layer{'s' if per > 1 else ''} "
-                           f"on a microbatch of {mb})")
+                           f"on a microbatch of {mb})", Unit.ITERATION)
 
     def where_stage(mask, a, b):
         return jnp.where(mask.reshape(-1, *([1] * (a.ndim - 1))), a, b)

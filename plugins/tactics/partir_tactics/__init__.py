@@ -135,7 +135,8 @@ def pipeline_parallel(axis: str = "stage", microbatches: int = 4, schedule: str 
 
 
 def rematerialization(policy: str = "full", names: Sequence[str] = (), offload: bool = False,
-                      modules: str | Sequence[str] = (), name: str = "RM") -> Rematerialization:
+                      modules: str | Sequence[str] = (), unit: str = "iteration",
+                      name: str = "RM") -> Rematerialization:
     """RM: recompute the layer loop's activations in the backward pass (the body of the
     `lax.scan` over stacked layers; with PP, each pipeline iteration) under `jax.checkpoint`:
     `policy` "full" keeps only each layer's input, "dots" also the matmul outputs without
@@ -144,11 +145,14 @@ def rematerialization(policy: str = "full", names: Sequence[str] = (), offload: 
     keeps what "dots" or "names" saves in host memory (backends with memory kinds; the
     estimate charges the transfers on a spec with a `host_link`). `modules` (Flax linen class
     or module names, globs: "Block", "*Attention") recomputes each call of those modules
-    instead of the layer loop's body (under PP: each layer of each iteration). No model
-    edits."""
+    instead of the layer loop's body (under PP: each layer of each iteration). `unit` is
+    what is recomputed in the layer loop under PP: "iteration" (a pipeline iteration, keeping
+    only its input) or "layer" (each layer of each iteration, keeping every layer's input;
+    Megatron-LM's recomputation, with no module names needed); without PP both are the
+    loop's body. No model edits."""
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
     return Rematerialization(policy=policy, names=tuple(names), offload=offload,
-                             modules=modules, name=name)
+                             modules=modules, unit=unit, name=name)
 
 
 @hookimpl
