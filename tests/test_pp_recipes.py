@@ -172,6 +172,16 @@ def test_linen_dropout_in_scanned_remat_block_under_pp_bp():
     assert spec and spec[0] == "stage", f"stacked kernel not on its stages: {spec}"
 
 
+def test_linen_dropout_under_pp_bp_with_rm_recomputing_each_layer():
+    """RM's per-layer recomputation under PP (`unit="layer"`) on top of the model's own
+    `nn.remat`, with dropout: each recomputed layer draws its microbatch's rows of the
+    unpipelined masks again."""
+    step, args = _linen_dropout_setup()
+    partitioned_matches_jit(step, args, [PP(4), BP(),
+                                         partir.tactic("RM", policy="full", unit="layer")],
+                            what="nn.scan(nn.remat(Block)) with Dropout(0.1), RM each layer")
+
+
 def test_threefry_partitionable_is_the_default_and_dropout_matches():
     """The library matches jax.jit under jax's default RNG (threefry partitionable: each
     element's bits depend on its index, not on the shape a device draws). Checked without PP
