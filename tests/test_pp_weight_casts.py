@@ -122,7 +122,13 @@ class Model(nn.Module):
 
 
 @pytest.mark.slow  # compiles a pipelined Flax step (about 15 s)
-def test_flax_bf16_lm_under_pp_bp_rm_modules_gives_jax_jit_numbers():
+@pytest.mark.parametrize("rm", [{"unit": "layer"},
+                                pytest.param({"modules": "Block"},
+                                             marks=pytest.mark.exhaustive)],
+                         ids=["unit=layer", "modules=Block"])
+def test_flax_bf16_lm_under_pp_bp_rm_gives_jax_jit_numbers(rm):
+    """The cast weights under each layer's recomputation (RM each layer of each iteration,
+    by unit or by module): jax.jit's numbers, f32 gradients."""
     _, x, y = _stack()
     x = x.reshape(B, 1, D)
     params = Model().init(jax.random.PRNGKey(0), x)["params"]
@@ -137,6 +143,6 @@ def test_flax_bf16_lm_under_pp_bp_rm_modules_gives_jax_jit_numbers():
         step, (params, x), {"stage": 2, "batch": 2},
         [partir.tactic("PP", axis="stage", microbatches=4),
          partir.tactic("BP", axis="batch", inputs=("x",)),
-         partir.tactic("RM", policy="full", modules="Block")],
-        rtol=2e-2, what="bf16 nn.scan LM [PP(4), BP, RM(modules='Block')]")
+         partir.tactic("RM", policy="full", **rm)],
+        rtol=2e-2, what=f"bf16 nn.scan LM [PP(4), BP, RM({rm})]")
     assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(matched.got[1]))
