@@ -322,7 +322,7 @@ def _module_function(call: MatchedCall) -> tuple[Callable, tuple] | None:
     return pure, (variables, *(x for x, a in zip(leaves, is_array) if a))
 
 
-def _call_key(call: MatchedCall, args: tuple) -> tuple | None:
+def _call_key(call: MatchedCall, args: tuple) -> tuple:
     """What a module call's figures depend on: the module's class and configuration (its
     dataclass fields but its name and parent), the shapes and dtypes of its variables and
     arguments, and the non-array arguments; a key equal to no other where that is not
