@@ -69,6 +69,11 @@ class HardwareSpec:
 
     `host_link`: the link between a device and its host's memory (PCIe), over which RM's
     offload moves saved activations to host memory and back; None: no estimate of offload.
+
+    `platform`: the jax platform the device runs ("cuda", "tpu", "cpu"; None: unknown). An
+    estimate made without running (`partir.estimate`, the planner) lowers the program for it,
+    as that device would run it: jax lowers some ops per platform (its random bits as a rolled
+    loop on CPU, unrolled on GPU; moves to host memory only on GPU and TPU).
     """
 
     name: str
@@ -91,6 +96,7 @@ class HardwareSpec:
     intra_node_link: str | None = None
     inter_node_link: str | None = None
     host_link: LinkClass | None = None
+    platform: str | None = None
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()

@@ -124,7 +124,9 @@ class Estimator:
         found = self._traces.get(key)
         if found is None:
             hooked = [e for e, k in zip(schedule, keys) if k is not None]
-            found = self._traces[key] = (trace(self.fn, self.args, hooked, mesh), hooked)
+            # lowered for the spec's platform: the program that device would run
+            found = self._traces[key] = (trace(self.fn, self.args, hooked, mesh,
+                                               self.hardware.platform), hooked)
             self.traces_made += 1
         traced, originals = found
         it = iter(originals)

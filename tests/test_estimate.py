@@ -13,6 +13,7 @@ import partir_plugin as partir
 from partir_plugin.errors import PartitionError, UnknownNameError
 from partir_plugin.estimation import Estimator
 from partir_plugin.models import megatron, transformer
+from partir_plugin.plugin.resolve import resolve_hardware
 
 
 def _schedule(pp: int = 0) -> list:
@@ -92,3 +93,50 @@ def test_clear_errors(small):
                         hardware="a100-40gb")
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['donate'\\]"):
         partir.estimate(step, *args, mesh={"data": 8}, donate=True)
+
+
+def _dropout_step(key, x):
+    """A dropout layer and its gradient: jax lowers the random bits per platform (a rolled
+    loop of the threefry rounds on CPU, unrolled elsewhere)."""
+    def loss(x):
+        keep = jax.random.bernoulli(key, 0.9, x.shape)
+        return (jax.numpy.where(keep, x / 0.9, 0.0) @ x.T).sum()
+
+    return jax.grad(loss)(x)
+
+
+def test_estimate_lowers_the_step_for_the_hardware_platform():
+    """An estimate for a GPU spec is of the program a GPU runs: no rolled threefry loop, as
+    jax lowers it there (on CPU it is a loop of five trips, each a kernel per round); the
+    same spec without a platform estimates this process's (CPU) program, which costs more."""
+    from partir_plugin.frontend.trace import trace
+    from partir_plugin.ir.graph import walk
+
+    args = (jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1024, 1024), jax.numpy.float32))
+
+    def loops(platform):
+        return sum(op.name == "stablehlo.while"
+                   for op in walk(trace(_dropout_step, args, platform=platform).func.ops))
+
+    assert loops(None) >= 1 and loops("cuda") == 0
+    h100 = partir.estimate(_dropout_step, *args, mesh={"batch": 1}, hardware="h100")
+    hosted = partir.estimate(_dropout_step, *args, mesh={"batch": 1},
+                             hardware=dataclasses.replace(resolve_hardware("h100"),
+                                                          platform=None))
+    assert h100.step_time_s < hosted.step_time_s
+
+
+def test_a_step_jax_cannot_lower_for_the_platform_is_estimated_as_lowered_here():
+    """A host callback lowers only for the backend this process has: the estimate says so
+    and estimates the program as lowered here (not an error, not silent)."""
+    import numpy as np
+
+    def step(x):
+        doubled = jax.pure_callback(lambda a: np.asarray(a) * 2,
+                                    jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return (doubled @ x).sum()
+
+    with pytest.warns(UserWarning, match="cannot lower the step for 'cuda'"):
+        est = partir.estimate(step, jax.ShapeDtypeStruct((64, 64), jax.numpy.float32),
+                              mesh={"batch": 1}, hardware="h100")
+    assert est.step_time_s > 0

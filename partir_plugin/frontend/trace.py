@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,12 +121,31 @@ def hide_kernel_frames() -> None:
         register_exclusion(prefix)
 
 
-def trace(fn, args: tuple, schedule: Sequence = (), mesh=None) -> Traced:
+def _lower(traced, platform: str | None):
+    """`traced` lowered for `platform`, else (None, or jax cannot here) for this backend."""
+    import jax
+
+    if platform is None or platform == jax.default_backend():
+        return traced.lower()
+    try:
+        return traced.lower(lowering_platforms=(platform,))
+    except Exception as e:  # noqa: BLE001 - any op jax has no rule for there: say which
+        warnings.warn(f"cannot lower the step for {platform!r} here ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); the estimate is of the "
+                      f"program as {jax.default_backend()!r} runs it", stacklevel=3)
+        return traced.lower()
+
+
+def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
+          platform: str | None = None) -> Traced:
     """Lower `fn` with jax (no sharding: partitioning starts from the logical program,
     whatever sharding an argument carries) and import it; name every argument leaf.
 
     The trace hooks of `schedule`'s tactics (for `mesh`) are entered around jax's trace;
-    with any, a fresh wrapper is traced, so a trace jax cached without them is not reused."""
+    with any, a fresh wrapper is traced, so a trace jax cached without them is not reused.
+    `platform` ("cuda", "tpu", ...; None: this process's backend) lowers the program as that
+    platform would run it, for an estimate (`HardwareSpec.platform`); where jax cannot lower
+    it for that platform here, it is lowered for this process's backend, with a warning."""
     import jax
 
     hide_kernel_frames()
@@ -142,7 +162,7 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None) -> Traced:
         stack.enter_context(one_trace())
         hooked = [(entry, stack.enter_context(hook)) for entry, hook in hooks]
         traced_fn = (lambda *a: fn(*a)) if hooks else fn
-        lowered = jax.jit(traced_fn, keep_unused=True).lower(*abstract)
+        lowered = _lower(jax.jit(traced_fn, keep_unused=True).trace(*abstract), platform)
     func = import_lowered(lowered)
     leaves: list[Leaf] = []
     flat_in = []

@@ -22,7 +22,7 @@ DEFAULT_DEVICES = 8  # the project runs SPMD programs on 8 virtual CPU devices
 # (xla/service/instruction_fusion.cc), and it runs float add/max/min reductions as YNNPACK
 # fusions that take in only producers no other kernel reads (`__ynn_fusion` in its HLO). Its
 # CpuAllReduceCombiner merges independent all-reduces with no byte limit (cpu_compiler.cc).
-BACKEND = {"duplicates_expensive_ops": False, "library_reductions": True,
+BACKEND = {"platform": "cpu", "duplicates_expensive_ops": False, "library_reductions": True,
            "combined_collectives": ("all_reduce",), "combine_threshold_bytes": 2**62}
 
 

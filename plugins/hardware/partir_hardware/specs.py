@@ -39,6 +39,7 @@ XLA_GPU_COMBINERS = {"combined_collectives": ("all_reduce", "all_gather", "reduc
 
 TPU_V3 = HardwareSpec(
     name="tpu-v3",
+    platform="tpu",
     aliases=("tpuv3", "tpu_v3", "v3"),
     # PartIR paper appendix A.2: per tensor core 16 GiB HBM2, 61.5 TFLOP/s f32, 123 bf16/f16.
     flops_per_s={"f32": 61.5e12, "bf16": 123e12, "f16": 123e12},
@@ -58,6 +59,7 @@ TPU_V3 = HardwareSpec(
 
 A100_40GB = HardwareSpec(
     name="a100-40gb",
+    platform="cuda",
     aliases=("a100", "a100-40g", "a100_40gb"),
     # NVIDIA A100 datasheet (SXM): TF32 156, BF16/FP16 312, FP64 tensor 19.5 TFLOP/s,
     # INT8 624 TOPS; FP32 (non-tensor) 19.5 TFLOP/s for elementwise work.
@@ -83,6 +85,7 @@ A100_40GB = HardwareSpec(
 
 H100_SXM = HardwareSpec(
     name="h100-sxm",
+    platform="cuda",
     aliases=("h100", "h100-80gb", "h100_sxm"),
     # NVIDIA H100 datasheet (SXM), dense: TF32 494.5, BF16/FP16 989.5, FP8 1979, FP64 tensor 67
     # TFLOP/s, INT8 1979 TOPS; FP32 (non-tensor) 67 TFLOP/s.
