@@ -38,7 +38,10 @@ HEADING = "## Memory estimates beyond our own models"
 LOW, HIGH = 0.8, 1.25  # the accepted estimate / XLA ratio (issue 37)
 
 Remat = str | None  # None, "full" (save only the layer's input) or "dots" (save matmul outputs)
-Make = Callable[[Remat, bool], tuple[Callable, tuple]]  # (remat, small) -> (step, args)
+# The families' sizes: "small" (the tests'), "cpu" (this benchmark's) and "gpu" (large enough
+# for one accelerator's step time to be more than kernel launches; benchmarks/rematerialization.py).
+SIZES = ("small", "cpu", "gpu")
+Make = Callable[[Remat, str], tuple[Callable, tuple]]  # (remat, size) -> (step, args)
 
 
 def checkpoint_policy(remat: Remat):
@@ -74,14 +77,16 @@ def _sgd_step(loss: Callable[[Any, Any], Any]) -> Callable:
 # --- the families --------------------------------------------------------------------------
 
 
-def jax_scan_mlp(remat: Remat, small: bool = False):
+def jax_scan_mlp(remat: Remat, size: str = "cpu"):
     """Issue 37's model: 8 residual tanh layers `h + tanh(h @ w)` under `lax.scan`, the
-    step `value_and_grad` of the mean square (x [64, 64, 64]; small: [16, 16, 32])."""
+    step `value_and_grad` of the mean square (x [64, 64, 64]; small: [16, 16, 32]; gpu:
+    [256, 512, 256], whose layers are memory-bound on an H100)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
 
-    layers, (b, s, d) = 8, ((16, 16, 32) if small else (64, 64, 64))
+    layers, (b, s, d) = 8, {"small": (16, 16, 32), "cpu": (64, 64, 64),
+                            "gpu": (256, 512, 256)}[size]
 
     def loss(w, x):
         body = _checkpointed(lambda h, wl: (h + jnp.tanh(h @ wl), None), remat)
@@ -92,20 +97,21 @@ def jax_scan_mlp(remat: Remat, small: bool = False):
     return jax.value_and_grad(loss), (w, x)
 
 
-def flax_lm(remat: Remat, small: bool = False):
+def flax_lm(remat: Remat, size: str = "cpu"):
     """The Flax linen LM recipe of benchmarks/pipeline.py (`nn.scan` over 8 blocks with
     dropout, a causal and a padding mask); [BP] without `nn.remat`, RM with its policy."""
     return pipeline.recipe(remat=remat is not None,
-                           policy=None if remat is None else checkpoint_policy(remat), small=small)
+                           policy=None if remat is None else checkpoint_policy(remat), size=size)
 
 
-def flax_nnx_scan(remat: Remat, small: bool = False):
+def flax_nnx_scan(remat: Remat, size: str = "cpu"):
     """NNX residual GELU blocks made with `nnx.vmap` and run with `nnx.scan`, optax SGD with
     momentum on `nnx.split`'s parameter state."""
     import jax
     from flax import nnx
 
-    layers, batch, features, hidden = (4, 32, 16, 32) if small else (8, 1024, 64, 256)
+    layers, batch, features, hidden = {"small": (4, 32, 16, 32), "cpu": (8, 1024, 64, 256),
+                                       "gpu": (8, 65536, 64, 256)}[size]
 
     class Block(nnx.Module):
         def __init__(self, rngs):
@@ -149,7 +155,7 @@ def flax_nnx_scan(remat: Remat, small: bool = False):
     return step, (params, optimizer.init(params), {"x": x, "y": y})
 
 
-def equinox_conv(remat: Remat, small: bool = False):
+def equinox_conv(remat: Remat, size: str = "cpu"):
     """Residual 3x3 conv blocks of `eqx.nn.Conv2d`, stacked with `eqx.filter_vmap` and run
     under `lax.scan` over the batch of images (the Equinox idiom: `eqx.partition` /
     `eqx.combine`, each layer `jax.vmap`-ed over the batch), a pooled linear head, optax SGD
@@ -158,7 +164,8 @@ def equinox_conv(remat: Remat, small: bool = False):
     import jax
     from jax import lax
 
-    layers, batch, channels, size = (4, 16, 8, 8) if small else (8, 64, 32, 16)
+    layers, batch, channels, side = {"small": (4, 16, 8, 8), "cpu": (8, 64, 32, 16),
+                                     "gpu": (8, 256, 128, 32)}[size]
 
     class ConvNet(eqx.Module):
         stem: eqx.nn.Conv2d
@@ -189,7 +196,7 @@ def equinox_conv(remat: Remat, small: bool = False):
         return -(jax.nn.log_softmax(logits) * labels).sum(-1).mean()
 
     step, optimizer = _sgd_step(loss)
-    x = jax.random.normal(jax.random.PRNGKey(5), (batch, 3, size, size))
+    x = jax.random.normal(jax.random.PRNGKey(5), (batch, 3, side, side))
     y = jax.random.randint(jax.random.PRNGKey(6), (batch,), 0, 10)
     return step, (params, optimizer.init(params), {"x": x, "y": y})
 
@@ -274,7 +281,7 @@ def measure(family: str, schedule: Schedule, small: bool = False) -> Row:
     import partir_plugin as partir
 
     schedule_tactics, remat = tactics(FAMILIES[family], schedule)
-    step, args = FAMILIES[family].make(remat, small)
+    step, args = FAMILIES[family].make(remat, "small" if small else "cpu")
     fn, meta = partir.jit(step, schedule.mesh, schedule_tactics, hardware="host-cpu")
     stats = fn.lower(*args).compile().memory_analysis()
     measured = _fastest_step_s(fn, args)

@@ -195,18 +195,20 @@ RECIPE_HEADING = "## Pipeline parallelism: the scanned Flax decoder recipe (issu
 RECIPE_COMMAND = COMMAND + " --recipe"
 
 
-def recipe(remat: bool = True, policy=None, small: bool = False):
+def recipe(remat: bool = True, policy=None, size: str = "cpu"):
     """A Flax linen decoder as users write it: `nn.scan(nn.remat(Block), split_rngs={"params":
     True, "dropout": True}, in_axes=nn.broadcast)` over 8 blocks with dropout 0.1, a causal
     mask built in the block and a padding mask passed to every layer; the step is
     `value_and_grad` of the masked cross-entropy (the same rng for every run). For
     benchmarks/memory_estimates.py: `remat=False` drops `nn.remat`, `policy` is its
-    `jax.checkpoint` policy (None: save nothing), `small` makes 4 blocks of 32 on 16 x 16."""
+    `jax.checkpoint` policy (None: save nothing), `size` "small" makes 4 blocks of 32 on
+    16 x 16, "gpu" 8 blocks of 512 on 64 x 512 (vocabulary 8192)."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
-    B, T, D, L, V = (16, 16, 32, 4, 64) if small else (16, 32, 128, 8, 256)
+    B, T, D, L, V = {"small": (16, 16, 32, 4, 64), "cpu": (16, 32, 128, 8, 256),
+                     "gpu": (64, 512, 512, 8, 8192)}[size]
 
     class Block(nn.Module):
         @nn.compact
