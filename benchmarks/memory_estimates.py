@@ -285,8 +285,7 @@ def measure(family: str, schedule: Schedule, small: bool = False) -> Row:
     fn, meta = partir.jit(step, schedule.mesh, schedule_tactics, hardware="host-cpu")
     stats = fn.lower(*args).compile().memory_analysis()
     measured = _fastest_step_s(fn, args)
-    xla = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-           + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+    xla = xla_bytes(stats)
     rm = "-" if schedule.remat is None else ("jax.checkpoint" if remat else "tactic")
     gpu = partir.estimate(step, *args, mesh=schedule.mesh, schedule=schedule_tactics,
                           hardware=GPU_SPEC)
@@ -297,6 +296,13 @@ def measure(family: str, schedule: Schedule, small: bool = False) -> Row:
 
 
 RUNS = 5
+
+
+def xla_bytes(stats) -> int:
+    """A compiled step's bytes per device by XLA's memory analysis: arguments + outputs +
+    temporaries - what outputs alias (donated arguments)."""
+    return (stats.argument_size_in_bytes + stats.output_size_in_bytes
+            + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
 
 
 def _fastest_step_s(fn: Callable, args: tuple) -> float:

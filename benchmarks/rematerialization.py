@@ -36,7 +36,7 @@ class Result:
     model: str
     schedule: str
     step_ms: float  # median of the measured steps
-    jax_jit_ms: float  # jax.jit(step) on one device, the same way (the model's row only)
+    jax_jit_ms: float  # jax.jit(step), unpartitioned, timed the same way (per model)
     estimate_ms: float
     xla_temp_mib: float
     estimate_peak_mib: float
@@ -148,8 +148,7 @@ def run_model(model: str, size: str, hardware: str | None, steps: int) -> list[R
             got = fn(*args)
         err = relative_error(got, want)
         step_ms = median_step_s(fn, args, steps) * 1e3
-        xla_peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                    - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+        xla_peak = memory_estimates.xla_bytes(mem)
         row = meta.tactics[-1]
         results.append(Result(
             model, name, step_ms, jit_ms, (row.estimated_runtime_s or 0) * 1e3,
