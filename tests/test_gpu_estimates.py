@@ -96,9 +96,10 @@ REMAT = json.loads((Path(__file__).parent / "data" / "h200_rematerialization.jso
 def test_h200_estimates_follow_recomputation_as_measured(model):
     """`partir.estimate` (nothing runs: the step lowered for the GPU's platform) of [BP],
     [BP, RM full], [BP, RM dots] and [BP, RM dots offload] within [0.8, 1.25] of the step
-    measured on an H200 (tests/data, with provenance), and recomputation moves the estimate the way it moved the
-    measurement wherever it moved that by more than 5%: faster on the scanned LMs and MLPs
-    (their forward no longer writes the residual stacks), slower on the conv net."""
+    measured on an H200 (tests/data, with provenance), and recomputation moves the estimate
+    the way it moved the measurement wherever it moved that by more than 5%: faster on the
+    scanned LMs and MLPs (their forward no longer writes the residual stacks), slower on the
+    conv net."""
     import benchmark_module
 
     rematerialization = benchmark_module.load("rematerialization")
