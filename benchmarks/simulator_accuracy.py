@@ -411,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     spec_line = (
         f"{spec.flops_per_s['f32'] / 1e9:.1f} GFLOP/s f32, "
         f"{spec.memory_bandwidth_bytes_per_s / 1e9:.2f} GB/s memory, "
-        f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s / {link.latency_s * 1e6:.1f} µs "
-        f"links, {spec.kernel_overhead_s * 1e6:.1f} µs per kernel"
+        f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s / {link.latency_s * 1e6:.1f} µs per "
+        f"ring step / {link.overhead_s * 1e6:.1f} µs per collective links, "
+        f"{spec.kernel_overhead_s * 1e6:.1f} µs per kernel"
     )
     mesh = jax.make_mesh((4, 2), ("batch", "model"), devices=jax.devices()[:8])
     prepared = []

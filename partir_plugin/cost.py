@@ -24,11 +24,14 @@ from .core.subaxis import parent_of
 class LinkClass:
     """A class of interconnect (NVLink, ICI, network...). `bandwidth_bytes_per_s` is what one
     device can push in one direction around a ring over this link class; `latency_s` is paid
-    once per ring step."""
+    once per ring step; `overhead_s` once per collective, whatever its group size (the
+    rendezvous of XLA:CPU's in-process collectives: `partir calibrate` measures it from
+    all-reduces over groups of two and of every device; 0 for the datasheet specs)."""
 
     name: str
     bandwidth_bytes_per_s: float
     latency_s: float
+    overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ class HardwareSpec:
         inter = self.links[self.inter_node_link]
         return LinkClass(inter.name if g == 1 else f"{inter.name} x{g}",
                          min(intra.bandwidth_bytes_per_s, g * inter.bandwidth_bytes_per_s),
-                         max(intra.latency_s, inter.latency_s))
+                         max(intra.latency_s, inter.latency_s),
+                         max(intra.overhead_s, inter.overhead_s))
 
     def with_axis_links(self, axis_links: dict[str, str]) -> HardwareSpec:
         """A copy mapping mesh axes to link classes, e.g. `a100.with_axis_links({"hosts":

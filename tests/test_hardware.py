@@ -58,17 +58,29 @@ def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
     out = tmp_path / "host.json"
     parser = argparse.ArgumentParser()
     calibrate.add_arguments(parser)
-    args = parser.parse_args(["--budget", "1", "--devices", "2", "--output", str(out)])
+    args = parser.parse_args(["--budget", "1", "--devices", "4", "--output", str(out)])
     assert calibrate.run(args) == 0
     data = json.loads(out.read_text())
-    assert data["measurements"]["devices"] == 2
+    assert data["measurements"]["devices"] == 4
     assert data["flops_per_s"]["f32"] > 0 and data["memory_bandwidth_bytes_per_s"] > 0
-    assert data["links"]["host"]["bandwidth_bytes_per_s"] > 0
+    host = data["links"]["host"]
+    assert host["bandwidth_bytes_per_s"] > 0 and host["latency_s"] > 0
+    assert host["overhead_s"] >= 0  # per collective: groups of two and of four measured
     assert data["measurements"]["load_average"] >= 0 and data["measurements"]["cores"] >= 1
     monkeypatch.setenv(CALIBRATION_ENV, str(out))
     spec = manager.hardware_specs()["host-cpu"]
     assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])
     assert "measured" in spec.notes
+
+
+def test_collective_overhead_and_latency_fit():
+    """All-reduces over two devices (2 ring steps) and over eight (14): a fixed 50 us per
+    collective and 10 us per step are recovered; a noisy pair never makes either negative."""
+    overhead, latency = calibrate.fit_overhead_and_latency(50e-6 + 2 * 10e-6,
+                                                           50e-6 + 14 * 10e-6, 8)
+    assert overhead == pytest.approx(50e-6) and latency == pytest.approx(10e-6)
+    overhead, latency = calibrate.fit_overhead_and_latency(30e-6, 20e-6, 8)
+    assert overhead >= 0 and latency > 0
 
 
 def test_a_calibration_on_a_busy_host_is_warned_about():

@@ -55,6 +55,18 @@ def test_ring_all_reduce_formula():
     assert res.collective_counts == {"all_reduce": 1}
 
 
+def test_a_links_overhead_is_paid_once_per_collective_whatever_the_group():
+    """A host link's rendezvous (`LinkClass.overhead_s`) costs the same for a group of two
+    as of eight, on top of the ring: the all-gather of ZeRO over a pair of devices is not a
+    single ring step's latency."""
+    host = dataclasses.replace(FAST, overhead_s=50e-6)
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for k in (2, 8):
+            assert ring_time(kind, 4096, k, host) == pytest.approx(
+                50e-6 + ring_time(kind, 4096, k, FAST))
+    assert ring_time("all_gather", 4096, 1, host) == 0.0
+
+
 def test_collective_over_several_axes_uses_the_slowest_link():
     res = simulate(one_collective("all_reduce", ["B", "M"], (1024,), (1024,)), MESH, HW)
     (c,) = res.per_collective

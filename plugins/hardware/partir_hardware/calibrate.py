@@ -7,8 +7,9 @@ memory bus, so a device's figure is what it gets while the others are busy too.
 
 - matmul FLOP/s: each device multiplies two n x n matrices (f32 and bf16);
 - memory bandwidth: each device streams a large array through one fused read + write;
-- collectives: `psum` of a tiny and of a large array, fitted to the ring model
-  t = 2(k-1) * latency + 2(k-1)/k * N / bandwidth after subtracting a no-communication run;
+- collectives: chains of a tiny `psum` over groups of two and of every device, and a `psum`
+  of a large array, fitted to the ring model t = overhead + 2(k-1) * latency + 2(k-1)/k * N /
+  bandwidth after subtracting a no-communication run (overhead: once per collective);
 - kernel overhead: a chain of tiny dependent matmuls, per link of the chain.
 
 On an accelerator (`--accelerator`, one device) it measures the GPU cost structure the
@@ -173,6 +174,7 @@ def measure(budget_s: float, devices: int) -> dict:
     t_small0 = _best_time(noop, small, budget_s=share / 2)
     steps = max(2 * (k - 1), 1)
     latency = max(t_small - t_small0, 1e-7) / steps
+    rendezvous, latency = _collective_overhead_and_latency(latency, budget_s=share / 2, k=k)
     big_elems = (1 if quick else 4) * 2**20 // 4
     big = put((big_elems,), jnp.float32)
     nbytes = 4 * big_elems
@@ -200,7 +202,7 @@ def measure(budget_s: float, devices: int) -> dict:
         name=HOST_CPU, flops_per_s=flops,
         memory_bytes=physical_memory_bytes() // max(k, 1),
         memory_bandwidth_bytes_per_s=mem_bw,
-        links={"host": LinkClass("host", link_bw, latency)}, default_link="host",
+        links={"host": LinkClass("host", link_bw, latency, rendezvous)}, default_link="host",
         kernel_overhead_s=overhead,
         notes=f"measured by `partir calibrate` across {k} virtual CPU devices",
         **BACKEND,
@@ -217,6 +219,51 @@ def measure(budget_s: float, devices: int) -> dict:
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     return data
+
+
+CHAIN = 10  # collectives in a row per timed call, so a call's dispatch is spread over them
+
+
+def _collective_overhead_and_latency(latency: float, budget_s: float,
+                                     k: int) -> tuple[float, float]:
+    """(per-collective overhead, per-ring-step latency) of this backend's collectives: a
+    small all-reduce over groups of two (2 ring steps) and over all k devices (2(k - 1)),
+    each the mean of a chain of `CHAIN` minus a chain of no-ops; t = overhead + steps x
+    latency. XLA:CPU's collectives rendezvous the group's threads, a cost per collective
+    that the per-step latency alone charged too little for groups of two (an all-gather
+    measured 3x its estimate). With fewer than 4 devices: no overhead, `latency` as given."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if k < 4:
+        return 0.0, latency
+    mesh = Mesh(np.array(jax.devices("cpu")[:k]).reshape(k // 2, 2), ("rest", "pair"))
+    spec = P(("rest", "pair"))
+
+    def chain(axes):
+        def body(v):
+            for _ in range(CHAIN):
+                v = (jax.lax.psum(v, axes) if axes else v) * 0.5
+            return v
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+    x = jax.device_put(jnp.ones((k * 8,), jnp.float32), NamedSharding(mesh, spec))
+    base = _best_time(chain(()), x, budget_s=budget_s / 3)
+    pair = max(_best_time(chain("pair"), x, budget_s=budget_s / 3) - base, 0.0) / CHAIN
+    every = max(_best_time(chain(("rest", "pair")), x, budget_s=budget_s / 3) - base,
+                0.0) / CHAIN
+    return fit_overhead_and_latency(pair, every, k)
+
+
+def fit_overhead_and_latency(pair_s: float, every_s: float, k: int) -> tuple[float, float]:
+    """(overhead, latency) with pair_s = overhead + 2 latency (an all-reduce over two
+    devices) and every_s = overhead + 2(k - 1) latency (over k); neither below 0, the
+    latency at least 0.1 us."""
+    latency = max((every_s - pair_s) / (2 * (k - 1) - 2), 1e-7)
+    return max(pair_s - 2 * latency, 0.0), latency
 
 
 

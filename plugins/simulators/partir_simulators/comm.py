@@ -4,8 +4,8 @@ Each collective runs as a ring over the k = prod(axis sizes) devices that differ
 limited by the slowest link class among those axes; on a spec with a cluster
 (`HardwareSpec.devices_per_node`), by the links its device groups span in the mesh
 (`HardwareSpec.link_for_axes` with the mesh: within a node, or across nodes). One ring step
-costs the link latency; the bandwidth term is the bytes each device sends divided by the link
-bandwidth.
+costs the link latency, one collective the link's fixed overhead (a rendezvous, measured on
+the host); the bandwidth term is the bytes each device sends divided by the link bandwidth.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ def ring_steps_and_sent(kind: Collective | str, nbytes: float, k: int) -> tuple[
 
 
 def ring_time(kind: Collective | str, nbytes: float, k: int, link: LinkClass) -> float:
-    """steps * latency + sent bytes / bandwidth; e.g. all_reduce:
-    2(k-1) * latency + 2(k-1)/k * N / bandwidth."""
+    """overhead + steps * latency + sent bytes / bandwidth; e.g. all_reduce:
+    overhead + 2(k-1) * latency + 2(k-1)/k * N / bandwidth (nothing when k = 1)."""
     steps, sent = ring_steps_and_sent(kind, nbytes, k)
-    return steps * link.latency_s + sent / link.bandwidth_bytes_per_s
+    if not steps:
+        return 0.0
+    return link.overhead_s + steps * link.latency_s + sent / link.bandwidth_bytes_per_s
 
 
 def _replica_group_size(op: Op) -> int:
