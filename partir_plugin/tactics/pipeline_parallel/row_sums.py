@@ -25,6 +25,8 @@ import math
 
 from jax.extend import core as jex_core
 
+from .microbatch_rng import CALLS
+
 _ELEMENTWISE = frozenset("""
 add sub mul div max min pow neg exp exp2 log log1p expm1 tanh logistic sin cos tan abs sign
 sqrt rsqrt cbrt integer_pow square erf erfc erf_inv convert_element_type select_n and or not
@@ -36,8 +38,9 @@ _ROW_AXES = {"reduce_max": "axes", "reduce_min": "axes", "reduce_prod": "axes",
              "reduce_and": "axes", "reduce_or": "axes", "argmax": "axes", "argmin": "axes",
              "cumsum": "axis", "cumprod": "axis", "cummax": "axis", "cummin": "axis",
              "cumlogsumexp": "axis", "sort": "dimension"}
-_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint",
-                    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+# Calls whose body is compared in place of the call: microbatch_rng's (inlined and remat'd)
+# and the custom-derivative calls, whose primal body is what runs forward.
+_CALLS = CALLS | {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
 
 class _Mismatch(Exception):
