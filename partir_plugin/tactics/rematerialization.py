@@ -7,9 +7,10 @@ does not save. The program that reaches the partitioner already holds the recomp
 so every tactic composes with it and the simulator charges it as any other op; plain
 `jax.jit` of the step still runs the model as written.
 
-With `modules=` (Flax linen class or module names, globs), RM recomputes the calls of those
-modules instead, wherever the step calls them (`module_calls`): inside the layer loop that is
-each layer, and under PP each layer of each pipeline iteration, as Megatron-LM recomputes.
+With `modules=` (Flax linen class or module names, NNX class names; globs), RM recomputes
+the calls of those modules instead, wherever the step calls them (`module_calls`): inside the
+layer loop that is each layer, and under PP each layer of each pipeline iteration, as
+Megatron-LM recomputes.
 
 Offload (`offload=True`) keeps the saved residuals in host memory (`pinned_host`) instead of
 device memory: jax moves them there and back (`device_put` to a memory space, lowered as
@@ -129,7 +130,7 @@ class Rematerialization(Tactic):
     The layer loop is the one PP pipelines (a `lax.scan` over stacked layers, as Flax
     `nn.scan` writes it); with PP in the schedule, each pipeline iteration is recomputed, or
     with `unit="layer"` each layer of each iteration (`UNITS`).
-    With `modules` (Flax linen class or module names; globs), the calls of those modules are
+    With `modules` (Flax linen class or module names, NNX class names; globs), the calls are
     recomputed instead, each on its own (under PP: each layer of each iteration).
     RM decides no tiling: it changes the traced program, and its report row says what it
     saves and what it recomputes (`RematerializationFigures`)."""
@@ -266,10 +267,12 @@ class _ModuleRematHook:
 
     def _wrap(self, call: MatchedCall) -> Callable:
         import flax.linen as nn
+        from flax import nnx
 
         rm = self.tactic
         policy = jax_policy(rm.chosen, rm.names, rm.offload)
-        traced = _module_function(call)
+        is_nnx = isinstance(call.module, nnx.Module)
+        traced = _nnx_module_function(call) if is_nnx else _module_function(call)
         if traced is not None:
             pure, args = traced
             key = _call_key(call, args)
@@ -282,7 +285,8 @@ class _ModuleRematHook:
                 self.found.figures = _summed(self.found.figures, figures)
             self.tags |= tags
         method = call.method
-        return nn.checkpoint(lambda module, *a, **k: method(module, *a, **k), policy=policy)
+        remat = nnx.remat if is_nnx else nn.checkpoint
+        return remat(lambda module, *a, **k: method(module, *a, **k), policy=policy)
 
 
 def _summed(a: RematerializationFigures | None,
@@ -322,6 +326,29 @@ def _module_function(call: MatchedCall) -> tuple[Callable, tuple] | None:
     return pure, (variables, *(x for x, a in zip(leaves, is_array) if a))
 
 
+def _nnx_module_function(call: MatchedCall) -> tuple[Callable, tuple] | None:
+    """One NNX module call as a pure function of (its state, its array arguments), traced
+    apart from the step (`nnx.split` / `nnx.merge`); None where the module will not split."""
+    import numpy as np
+    from flax import nnx
+
+    leaves, tree = jax.tree.flatten((call.args, call.kwargs))
+    is_array = [isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval") for x in leaves]
+    try:
+        graphdef, state = nnx.split(call.module)
+    except Exception:  # noqa: BLE001 - nothing to trace apart: the call runs rematerialized
+        return None
+    method = call.method
+
+    def pure(state, *arrays):
+        it = iter(arrays)
+        full = [next(it) if a else x for x, a in zip(leaves, is_array)]
+        args, kwargs = jax.tree.unflatten(tree, full)
+        return method(nnx.merge(graphdef, state), *args, **kwargs)
+
+    return pure, (state, *(x for x, a in zip(leaves, is_array) if a))
+
+
 def _call_key(call: MatchedCall, args: tuple) -> tuple:
     """What a module call's figures depend on: the module's class and configuration (its
     dataclass fields but its name and parent), the shapes and dtypes of its variables and
@@ -330,6 +357,8 @@ def _call_key(call: MatchedCall, args: tuple) -> tuple:
     import dataclasses
 
     module = call.module
+    if not dataclasses.is_dataclass(module):  # an NNX module: its configuration is unknown
+        return (object(),)
     config = tuple((f.name, getattr(module, f.name, None)) for f in dataclasses.fields(module)
                    if f.name not in ("name", "parent"))
     leaves, tree = jax.tree.flatten(args)
@@ -544,11 +573,13 @@ class _ModuleRematRun(_RematRun):
         if calls is None or not calls.matched:
             seen = list(calls.seen) if calls is not None else []
             raise PartitionError(
-                f"{rm.name}: modules={list(rm.modules)} matched no Flax linen module called "
-                f"by the step (by class or module name): "
-                + (f"it calls {', '.join(seen[:12])}" + (" ..." if len(seen) > 12 else "")
-                   if seen else "it calls none (modules= selects flax.linen modules; for "
-                   "a layer loop written otherwise leave modules out)"))
+                f"{rm.name}: modules={list(rm.modules)} matched no Flax module called by "
+                f"the step (linen: by class or module name; NNX: by class name): "
+                + (f"it calls the linen modules {', '.join(seen[:12])}"
+                   + (" ..." if len(seen) > 12 else "")
+                   if seen else "it calls no linen module and no NNX module of those classes "
+                   "(modules= selects Flax modules; for a layer loop written otherwise leave "
+                   "modules out)"))
         missing = sorted(set(rm.names) - self.tags)
         if rm.chosen is Policy.NAMES and missing:
             raise PartitionError(
