@@ -12,9 +12,7 @@ time the fastest of 10 calls after a warm-up. Prints a table; writes nothing.
 
 from __future__ import annotations
 
-import time
-
-import harness  # noqa: F401  (before jax: 8 CPU devices)
+import harness  # before jax: 8 CPU devices
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,13 +23,7 @@ ITERATIONS = 40
 
 
 def fastest_s(fn, *args, reps: int = 10) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(harness.step_times(fn, args, reps))
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -98,3 +99,16 @@ def has_devices(n: int = 8) -> bool:
     print(f"needs {n} devices: run as a script (it sets XLA_FLAGS before jax starts)",
           file=sys.stderr)
     return False
+
+
+def step_times(fn, args: tuple, runs: int) -> list[float]:
+    """Wall times (s) of `runs` blocking calls `fn(*args)`, after one warm-up (compile) call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return times

@@ -308,15 +308,7 @@ def xla_bytes(stats) -> int:
 def _fastest_step_s(fn: Callable, args: tuple) -> float:
     """The fastest of `RUNS` steps on this host (after one warm-up), for the direction of
     recomputation's effect on the host's step time, which the host-cpu estimate predicts."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(harness.step_times(fn, args, RUNS))
 
 
 def slower_with_rm(rows: list[Row], which: str) -> tuple[int, int]:

@@ -23,11 +23,10 @@ import dataclasses
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import harness  # noqa: F401  (before jax; JAX_PLATFORMS=cuda keeps a GPU)
+import harness  # before jax (JAX_PLATFORMS=cuda keeps a GPU)
 import memory_estimates
 
 
@@ -92,15 +91,7 @@ MODELS: dict[str, Model] = {
 
 
 def median_step_s(fn: Callable, args: tuple, steps: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(harness.step_times(fn, args, steps))
 
 
 def schedules(batch: dict, offload: bool | None = None) -> dict[str, list]:
