@@ -97,15 +97,20 @@ def unread_carries(op: Op, unused_results: set[int]) -> set[int]:
     return dead
 
 
+def _carried(op: Op) -> list[tuple[Value, Value]]:
+    """A `while`'s carried values as (the body's argument, what the body returns for it);
+    none for a loop without a body."""
+    if len(op.regions) < 2 or not op.regions[1].blocks[0].ops:
+        return []
+    body = op.regions[1].blocks[0]
+    return list(zip(body.args, body.ops[-1].operands))
+
+
 def passed_through(op: Op) -> set[int]:
     """Indices of a `while`'s carried values that its body returns unchanged (loop
     invariants: a scan's weights, its inputs read by index). XLA's copy insertion copies no
     read-only value into the loop, so the loop's result there is its operand's buffer."""
-    if len(op.regions) < 2 or not op.regions[1].blocks[0].ops:
-        return set()
-    body = op.regions[1].blocks[0]
-    returned = body.ops[-1].operands
-    return {i for i, (a, r) in enumerate(zip(body.args, returned)) if a is r}
+    return {i for i, (a, r) in enumerate(_carried(op)) if a is r}
 
 
 # Ops through which a moved value keeps its memory kind (a view of it, or of its elements).
@@ -117,11 +122,8 @@ def host_carries(op: Op) -> set[int]:
     updates in place (`dynamic_update_slice` into the carried value) with a value moved to
     host memory (RM's offloaded residuals, stacked by a scan). XLA's host offloading places
     such a stack, and the buffer it starts as, in host memory, so it is no device buffer."""
-    if len(op.regions) < 2 or not op.regions[1].blocks[0].ops:
-        return set()
-    body = op.regions[1].blocks[0]
     found = set()
-    for i, (arg, new) in enumerate(zip(body.args, body.ops[-1].operands)):
+    for i, (arg, new) in enumerate(_carried(op)):
         update = new.producer
         if (update is None or short_name(update) != "dynamic_update_slice"
                 or update.operands[0] is not arg):
