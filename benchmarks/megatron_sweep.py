@@ -163,18 +163,20 @@ def simulate_run(run: Run, recompute: str | None):
     from partir_plugin.core.mesh import Mesh
     from partir_plugin.frontend.trace import trace
     from partir_plugin.models import transformer
-    from partir_plugin.plugin.resolve import simulate
+    from partir_plugin.plugin.resolve import resolve_hardware, simulate
     from partir_plugin.stages import partition
 
     cfg = config(run)
     args = jax.eval_shape(lambda key: transformer.init(cfg, key), jax.random.PRNGKey(0))
     mesh = Mesh.of(run.mesh)
     schedule = published_schedule(run, recompute)
+    hardware = resolve_hardware("a100-80gb")
     start = time.perf_counter()
-    part = partition(trace(transformer.make_train_step(cfg), args, schedule, mesh), mesh,
-                     schedule)
+    # lowered for the GPUs, as partir.estimate does (HardwareSpec.platform)
+    part = partition(trace(transformer.make_train_step(cfg), args, schedule, mesh,
+                           hardware.platform), mesh, schedule)
     took = time.perf_counter() - start
-    return simulate(part.program.func, mesh, "a100-80gb"), took
+    return simulate(part.program.func, mesh, hardware), took
 
 
 def estimate(run: Run) -> Row:
