@@ -34,6 +34,10 @@ class LinkClass:
     overhead_s: float = 0.0
 
 
+# The platforms jax lowers for (`lowering_platforms`), a `HardwareSpec.platform`.
+PLATFORMS = frozenset({"cpu", "cuda", "rocm", "tpu"})
+
+
 @dataclass(frozen=True)
 class HardwareSpec:
     """What one device of a mesh can do. All figures are per device (per core on TPU).
@@ -107,6 +111,10 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         if not self.flops_per_s:
             raise ValueError(f"hardware {self.name!r}: flops_per_s is empty")
+        if self.platform is not None and self.platform not in PLATFORMS:
+            # jax lowers for any name it is given (its generic rules): a typo would pass
+            raise ValueError(f"hardware {self.name!r}: unknown platform {self.platform!r} "
+                             f"(jax's: {', '.join(sorted(PLATFORMS))}; None: this process's)")
         if self.default_link not in self.links:
             raise ValueError(f"hardware {self.name!r}: default_link {self.default_link!r} is not "
                              f"one of its links {sorted(self.links)}")

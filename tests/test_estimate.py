@@ -126,6 +126,12 @@ def test_estimate_lowers_the_step_for_the_hardware_platform():
     assert h100.step_time_s < hosted.step_time_s
 
 
+def test_a_spec_with_an_unknown_platform_is_refused():
+    """jax would lower for any platform name (its generic rules): a typo must not pass."""
+    with pytest.raises(ValueError, match="unknown platform 'gpu'.*cuda"):
+        dataclasses.replace(resolve_hardware("h100"), platform="gpu")
+
+
 def test_a_step_jax_cannot_lower_for_the_platform_is_estimated_as_lowered_here():
     """A host callback lowers only for the backend this process has: the estimate says so
     and estimates the program as lowered here (not an error, not silent)."""
