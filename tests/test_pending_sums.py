@@ -59,7 +59,9 @@ def _tactics():
 
 @pytest.mark.parametrize("order", ["BP", "BP+MP", "BP+MP+Z3", "Z3+BP+MP+EMB", "PP+BP"])
 def test_scanned_transformer_carries_the_predicted_sums(order):
-    cfg = dataclasses.replace(transformer.Config.small(layers=2, scan=True), batch=8)
+    # 4 heads: ZeRO shards a stacked kernel's first dimension after the layers' (the heads),
+    # and MP after it must still divide them.
+    cfg = dataclasses.replace(transformer.Config.small(layers=2, scan=True), batch=8, heads=4)
     args = jax.eval_shape(lambda: transformer.init(cfg, jax.random.PRNGKey(0)))
     tactics = _tactics()
     state = _partitioned(transformer.make_train_step(cfg), args, {"batch": 2, "model": 2},
@@ -68,7 +70,7 @@ def test_scanned_transformer_carries_the_predicted_sums(order):
     assert not mispredicted
     # The layers' weight gradients are carried sums, except where ZeRO tiles them on the axis
     # they are summed over (then each iteration reduce-scatters).
-    assert carrying or order == "BP+MP+Z3"
+    assert bool(carrying) == ("Z3" not in order)
 
 
 SPATIAL = [(c, arg, dim) for c in CASES for arg, dim in c.spatial]

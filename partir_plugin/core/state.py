@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 from ..errors import PartitionError
@@ -21,6 +22,7 @@ from ..options import ConflictPolicy, PaddingPolicy, PartitionOptions
 from .mesh import Mesh
 from .padding import PaddedDim, entry_allows_padding, is_padded, local_extent
 from .rules.halo import HaloEntry
+from .scanned_dims import Shape, scanned_dims
 from .subaxis import is_sub_axis, parent_of
 from .tmr import Sum, TileMappingRegistry, TMREntry
 
@@ -98,6 +100,12 @@ class PartitionState:
             if isinstance(value, (dict, set, list)):
                 setattr(new, f.name, value.copy())
         return new
+
+    @functools.cached_property
+    def scanned_dims(self) -> frozenset[tuple[Shape, int]]:
+        """(shape, dim) pairs the program slices at computed starts (`scanned_dims`): a
+        tactic choosing a dimension for itself avoids them."""
+        return scanned_dims(self.func)
 
     # -- options ------------------------------------------------------------------------
     @property

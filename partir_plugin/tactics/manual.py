@@ -28,7 +28,7 @@ class _Selector:
 
 
 REPLICATED = _Selector("REPLICATED")  # keep replicated on the tactic's axis (atomic)
-FIRST_DIVISIBLE_DIM = _Selector("FIRST_DIVISIBLE_DIM")  # tile the first dim that divides
+FIRST_DIVISIBLE_DIM = _Selector("FIRST_DIVISIBLE_DIM")  # the first dim that divides (scans: last)
 UNKNOWN = _Selector("UNKNOWN")  # no decision: let propagation decide
 
 
@@ -146,7 +146,10 @@ class ManualPartition(Tactic):
             return
         if sel is FIRST_DIVISIBLE_DIM:
             values = [target.value] if isinstance(target, Leaf) else ctx.state.tagged(target)
-            for d in range(len(shape)):
+            # A dimension the program indexes at run time (a scan's stacked layers) last:
+            # tiled, every iteration's slice of it would gather the whole stack.
+            scanned = ctx.state.scanned_dims
+            for d in sorted(range(len(shape)), key=lambda d: (tuple(shape), d) in scanned):
                 if all(ctx.state.can_tile(v, d, self.axis, padding=False) is None
                        for v in values):
                     ctx.tile(target, d, self.axis)

@@ -50,7 +50,8 @@ def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_sta
 
     `dim` picks each leaf's sharded dimension: `FIRST_DIVISIBLE_DIM` (the default: the most
     major dimension that still divides, so a gathered or scattered tile is one contiguous
-    block; after MP, the next one), an int, or a rule `(path, shape) -> dim | None`.
+    block; after MP, the next one; a scan's layer dimension last), an int, or a rule
+    `(path, shape) -> dim | None`.
     `regather` says which parameters are gathered afresh for each use, so the backward pass
     gathers them again instead of keeping the forward's copy alive: "vectors" (the default:
     norm scales and biases, as jax.jit's partitioner does; it saves XLA a `[batch, seq, d]`
