@@ -74,6 +74,10 @@ class HardwareSpec:
     `axis_links` overrides the mapping for the axes it names; without `devices_per_node`
     every axis uses `axis_links` or `default_link` (one node of any size).
 
+    `cache_bytes` and `cache_bandwidth_bytes_per_s`: a kernel that reads and writes at most
+    `cache_bytes` streams at the cache's bandwidth instead (a CPU's last-level cache, shared
+    by the kernels its cores run at once; `partir calibrate` measures both); 0: one bandwidth.
+
     `host_link`: the link between a device and its host's memory (PCIe), over which RM's
     offload moves saved activations to host memory and back; None: no estimate of offload.
 
@@ -104,6 +108,8 @@ class HardwareSpec:
     inter_node_link: str | None = None
     host_link: LinkClass | None = None
     platform: str | None = None
+    cache_bytes: int = 0
+    cache_bandwidth_bytes_per_s: float | None = None
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -156,7 +162,10 @@ class HardwareSpec:
         return (flops + self.matrix_half_flops) / rate
 
     def memory_seconds(self, nbytes: float) -> float:
-        """Reading and writing `nbytes` at the achievable memory bandwidth."""
+        """Reading and writing `nbytes` at the achievable memory bandwidth (the cache's
+        where they fit in it)."""
+        if self.cache_bandwidth_bytes_per_s and nbytes <= self.cache_bytes:
+            return nbytes / self.cache_bandwidth_bytes_per_s
         return nbytes / (self.memory_bandwidth_bytes_per_s * self.memory_efficiency)
 
     def link_for_axes(self, axes, mesh: Mesh | None = None) -> LinkClass:

@@ -67,6 +67,13 @@ def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
     assert host["bandwidth_bytes_per_s"] > 0 and host["latency_s"] > 0
     assert host["overhead_s"] >= 0  # per collective: groups of two and of four measured
     assert data["measurements"]["load_average"] >= 0 and data["measurements"]["cores"] >= 1
+    # The last-level cache's share per device, where this host says how large it is; a cache
+    # that streams no faster than memory is left out.
+    if data["cache_bytes"]:
+        assert data["cache_bandwidth_bytes_per_s"] > data["memory_bandwidth_bytes_per_s"]
+        assert data["cache_bytes"] == calibrate.last_level_cache_bytes() // 4
+    else:
+        assert data["cache_bandwidth_bytes_per_s"] is None
     monkeypatch.setenv(CALIBRATION_ENV, str(out))
     spec = manager.hardware_specs()["host-cpu"]
     assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])

@@ -7,6 +7,8 @@ memory bus, so a device's figure is what it gets while the others are busy too.
 
 - matmul FLOP/s: each device multiplies two n x n matrices (f32 and bf16);
 - memory bandwidth: each device streams a large array through one fused read + write;
+  the same on arrays that fit a core's share of the last-level cache gives the cache's
+  bandwidth, used for kernels moving at most that share (`HardwareSpec.cache_bytes`);
 - collectives: chains of a tiny `psum` over groups of two and of every device, and a `psum`
   of a large array, fitted to the ring model t = overhead + 2(k-1) * latency + 2(k-1)/k * N /
   bandwidth after subtracting a no-communication run (overhead: once per collective);
@@ -112,6 +114,19 @@ def busy_host(load_average: float, cores: int | None) -> str | None:
             f"`partir calibrate` when it is idle")
 
 
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of this host (Linux sysfs), 0 where it is not known."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=0)
+
+
 def _best_time(fn, *args, budget_s: float, max_reps: int = 20) -> float:
     """Minimum wall time of `fn(*args)` after one warm-up (compile) call."""
     import jax
@@ -166,6 +181,19 @@ def measure(budget_s: float, devices: int) -> dict:
     x = put((elems,), jnp.float32)
     stream = per_device(lambda v: v * 1.0001 + 1.0)
     mem_bw = 2.0 * 4 * elems / _best_time(stream, x, budget_s=share)
+    # The same kernel on arrays whose read and write fit in a device's share of the
+    # last-level cache: the devices' kernels interleave on the cores, so a kernel finds its
+    # inputs still cached only where every device's kernels fit together. A training step's
+    # tensors on 8 virtual devices mostly do, and stream several times faster than from memory.
+    cache_bytes = last_level_cache_bytes() // k
+    cache_bw = None
+    if cache_bytes:
+        in_cache = cache_bytes // 16  # f32 elements moving half the share, read and written
+        dispatch = _best_time(stream, put((8,), jnp.float32), budget_s=share / 4)
+        took = _best_time(stream, put((in_cache,), jnp.float32), budget_s=share / 2)
+        cache_bw = 2.0 * 4 * in_cache / max(took - dispatch, 1e-9)
+        if cache_bw <= mem_bw:  # no faster than memory here: one bandwidth
+            cache_bytes, cache_bw = 0, None
 
     psum = per_device(lambda v: jax.lax.psum(v, "d"))
     noop = per_device(lambda v: v + 1.0)
@@ -202,6 +230,7 @@ def measure(budget_s: float, devices: int) -> dict:
         name=HOST_CPU, flops_per_s=flops,
         memory_bytes=physical_memory_bytes() // max(k, 1),
         memory_bandwidth_bytes_per_s=mem_bw,
+        cache_bytes=cache_bytes, cache_bandwidth_bytes_per_s=cache_bw,
         links={"host": LinkClass("host", link_bw, latency, rendezvous)}, default_link="host",
         kernel_overhead_s=overhead,
         notes=f"measured by `partir calibrate` across {k} virtual CPU devices",

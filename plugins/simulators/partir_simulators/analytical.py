@@ -126,6 +126,9 @@ class _Analyser:
         owner: dict[Value, Value] = {}  # value -> the value owning its buffer
         kinds: dict[Value, str] = {a: "arg" for a in block.args}  # owner -> arg/temp/const
         kernels: list[Kernel] = []
+        # An all_gather's copy back to row-major, by its result: placed before the first
+        # kernel that reads the result, so gathers issued together stay together (combined).
+        copies_back: dict[Value, Kernel] = {}
         claimed: set[Op] = set()
         for op in ops:
             name = names[op.name]
@@ -155,7 +158,7 @@ class _Analyser:
                 for r, v in zip(results, op.operands):
                     owner[r] = owner.get(v, v)
                 continue
-            copy = layout_copy(op) if kind is Collective.REDUCE_SCATTER else None
+            copy, back = layout_copies(op, kind)
             if copy is not None:  # XLA's layout assignment: a transposing copy of the operand
                 kernels.append(self._kernel(copy, None, fused, recomputed, claimed, cost))
                 owner[copy.results[0]] = copy.results[0]
@@ -164,6 +167,14 @@ class _Analyser:
                                         dropped.get(op)))
             if copy is not None:
                 kernels[-1].inputs = [copy.results[0]]
+            if back is not None:  # the collective writes `back`'s operand; it writes the result
+                gathered = back.operands[0]
+                kernels[-1].outputs = [gathered]
+                owner[gathered] = gathered
+                kinds[gathered] = "temp"
+                copy_back = self._kernel(back, None, fused, recomputed, claimed, cost)
+                copy_back.outputs = list(results)
+                copies_back[results[0]] = copy_back
             for r in results:
                 owner[r] = r
                 kinds[r] = "host" if opcost.placement(op) == "pinned_host" else "temp"
@@ -177,6 +188,7 @@ class _Analyser:
                     if kinds.get(start) == "temp":
                         kinds[start] = "host"
 
+        kernels = _before_first_reader(kernels, copies_back, owner)
         kernels = combine_collectives(kernels, owner, self.hw, cost, self.mesh)
         starts: list[float] | None = [] if self.timeline else None
         cost.runtime = list_schedule(kernels, owner, self.overlap, starts)
@@ -338,20 +350,49 @@ def unit_transpose(op: Op) -> bool:
     return moved == sorted(moved)
 
 
-def layout_copy(op: Op) -> Op | None:
-    """The copy XLA inserts before a `reduce_scatter` over a dimension that is not the
-    outermost: the collective works on contiguous chunks, so layout assignment gives its operand
-    a layout with the scattered dimension major, and the producer's row-major result is copied
-    into it (the operand and the copy are live together). A transpose of the result back is a
-    free bitcast. None when no copy is needed (every dimension before it has size 1)."""
-    if communication_kind(op) != "reduce_scatter" or len(op.operands) != 1:
-        return None
-    m = re.match(r"\s*(\d+)", op.attributes.get("scatter_dimension", "0"))
+_COLLECTIVE_DIM = {Collective.REDUCE_SCATTER: "scatter_dimension",
+                   Collective.ALL_GATHER: "all_gather_dim"}
+
+
+def layout_copies(op: Op, kind: Collective | None) -> tuple[Op | None, Op | None]:
+    """The copies XLA's layout assignment puts around a `reduce_scatter` or `all_gather` over
+    a dimension that is not the outermost: the collective works on contiguous chunks, so its
+    operand gets a layout with that dimension major and the producer's row-major result is
+    copied into it (the operand and the copy are live together); an all_gather's result is
+    copied back to row-major (XLA:CPU's HLO shows both copies; a reduce_scatter's result
+    transposes back as a free bitcast). `(copy of the operand, copy back)`: a copy back reads
+    a new value, the collective's own output, and writes the op's result. (None, None) when
+    no copy is needed (every dimension before it has size 1)."""
+    attr = _COLLECTIVE_DIM.get(kind)
+    if attr is None or len(op.operands) != 1 or len(op.results) != 1:
+        return None, None
+    m = re.match(r"\s*(\d+)", op.attributes.get(attr, "0"))
     dim = int(m.group(1)) if m else 0
     operand = op.operands[0]
     if not operand.type.is_tensor or math.prod(operand.type.shape[:dim]) <= 1:
-        return None
-    return Op("stablehlo.copy", [operand], [operand.type])
+        return None, None
+    copy = Op("stablehlo.copy", [operand], [operand.type])
+    if kind is not Collective.ALL_GATHER:
+        return copy, None
+    result = op.results[0].type
+    gathered = Op(op.name, [operand], [result], dict(op.attributes)).results[0]
+    return copy, Op("stablehlo.copy", [gathered], [result])
+
+
+def _before_first_reader(kernels: list[Kernel], copies: dict[Value, Kernel],
+                         owner: dict[Value, Value]) -> list[Kernel]:
+    """`kernels` with each copy of `copies` (by the value it writes) just before the first
+    kernel reading that value, else at the end."""
+    if not copies:
+        return kernels
+    out: list[Kernel] = []
+    for k in kernels:
+        for v in k.inputs:
+            copy = copies.pop(owner.get(v, v), None)
+            if copy is not None:
+                out.append(copy)
+        out.append(k)
+    return out + list(copies.values())
 
 
 def simulate(func: Func, mesh: Mesh, hardware, *, overlap: bool = False,
