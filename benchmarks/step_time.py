@@ -189,11 +189,33 @@ def unet_model():
     return "unet", desc, build
 
 
+def scanned_model():
+    """The transformer with its layers in a `lax.scan` over stacked parameters (Flax
+    `nn.scan`), as bench-plan's: ZeRO's sharded dimension meets the loop here."""
+    import jax
+
+    from partir_plugin.models import megatron, transformer
+
+    config = dataclasses.replace(transformer.Config.small(layers=8, scan=True), batch=16,
+                                 seq_len=32, vocab=256, d_model=128, heads=4, head_dim=32,
+                                 ffw=512)
+    args = transformer.init(config, jax.random.PRNGKey(0))
+
+    def build():
+        return transformer.make_train_step(config), args, Rules(megatron.transformer_rule)
+
+    desc = (f"transformer, scanned layers, L{config.layers} d{config.d_model} "
+            f"h{config.heads}x{config.head_dim} f{config.ffw} v{config.vocab} b{config.batch} "
+            f"s{config.seq_len}")
+    return "scanned", desc, build
+
+
 def schedule_for(name: str, rules: Rules) -> list:
     import partir_plugin as partir
 
     tactics = {"BP": lambda: partir.tactic("BP", axis="batch"),
                "MP": lambda: partir.tactic("MP", rule=rules.mp, axis="model"),
+               "Z2": lambda: partir.tactic("Z2", axis="batch"),
                "Z3": lambda: partir.tactic("Z3", axis="batch"),
                "EP": lambda: partir.tactic("EP", rules.ep, axis="expert"),
                "SP": lambda: partir.ManualPartition(rules.sp, axis="space", name="SP")}
@@ -615,6 +637,7 @@ MODELS: dict[str, tuple[Callable, dict[str, tuple[tuple[str, int], ...]]]] = {
     "decoder": (decoder_model, dict.fromkeys(SCHEDULES, MESH)),
     "demo": (demo_model, {"BP+MP+Z3": MESH}),
     "moe": (moe_model, MOE_MESHES),
+    "scanned": (scanned_model, dict.fromkeys(("BP+MP", "BP+MP+Z2", "BP+MP+Z3"), MESH)),
     "unet": (unet_model, {"BP+SP": (("batch", 2), ("space", 4))}),
 }
 """Each model's builder and its schedules with their meshes, in the order the rows appear."""
