@@ -75,8 +75,9 @@ class HardwareSpec:
     every axis uses `axis_links` or `default_link` (one node of any size).
 
     `cache_bytes` and `cache_bandwidth_bytes_per_s`: a kernel that reads and writes at most
-    `cache_bytes` streams at the cache's bandwidth instead (a CPU's last-level cache, shared
-    by the kernels its cores run at once; `partir calibrate` measures both); 0: one bandwidth.
+    `cache_bytes` streams at the cache's bandwidth instead (a device's share of a CPU's
+    last-level cache: virtual devices' kernels interleave on its cores; `partir calibrate`
+    measures both); 0: one bandwidth.
 
     `host_link`: the link between a device and its host's memory (PCIe), over which RM's
     offload moves saved activations to host memory and back; None: no estimate of offload.

@@ -7,7 +7,7 @@ memory bus, so a device's figure is what it gets while the others are busy too.
 
 - matmul FLOP/s: each device multiplies two n x n matrices (f32 and bf16);
 - memory bandwidth: each device streams a large array through one fused read + write;
-  the same on arrays that fit a core's share of the last-level cache gives the cache's
+  the same on arrays that fit a device's share of the last-level cache gives the cache's
   bandwidth, used for kernels moving at most that share (`HardwareSpec.cache_bytes`);
 - collectives: chains of a tiny `psum` over groups of two and of every device, and a `psum`
   of a large array, fitted to the ring model t = overhead + 2(k-1) * latency + 2(k-1)/k * N /
