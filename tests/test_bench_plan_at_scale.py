@@ -1,4 +1,5 @@
-"""benchmarks/plan_at_scale.py on its smallest row with a short budget: the published
+"""benchmarks/plan_at_scale.py on its smallest row with a short budget (30 s: with 10, a slow
+host estimated four configurations, all over 80 GiB, and found no plan): the published
 configuration is estimated both ways, a plan is found, and the section says whether it is
 accepted (the full run, `make bench-plan-scale`, takes 3 minutes a row)."""
 
@@ -11,7 +12,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]  # plans a 1.7B GPT on 3
 def test_plan_at_scale_writes_its_section(tmp_path):
     scale = benchmark_module.load("plan_at_scale")
     out = tmp_path / "BENCHMARKS.md"
-    scale.main(["--rows", "1.7B", "--seconds", "10", "--output", str(out)])
+    scale.main(["--rows", "1.7B", "--seconds", "30", "--output", str(out)])
     text = out.read_text()
     assert scale.HEADING in text
     (row,) = [line for line in text.splitlines() if line.startswith("| 1.7B |")]
