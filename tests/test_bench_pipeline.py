@@ -6,7 +6,9 @@ two with RM under an H100's 80 GiB)."""
 import benchmark_module
 import pytest
 
-pytestmark = pytest.mark.slow  # runs a benchmark script
+# Runs a benchmark script (47 s): `make test-all`. The schedules' numbers against jax.jit are
+# the default suite's in test_pipeline.py and test_pp_recipes.py; this checks the script.
+pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
 
 
 def test_pipeline_benchmark_writes_its_section(tmp_path):
