@@ -21,6 +21,7 @@ from .cost import HardwareSpec, SimulationResult
 from .errors import PartitionError
 from .frontend.trace import Traced, trace
 from .options import PartitionOptions
+from .plugin.resolve import resolve_hardware_option
 from .report.rows import TacticReports
 from .report.rows import estimate as simulate_program
 from .report.tactic_report import TacticReport
@@ -105,13 +106,16 @@ class Estimator:
         options = options or PartitionOptions()
         if hardware is not None:
             options = options.replace(hardware=hardware)
-        if options.scatter_sums is None:  # the step as an accelerator runs it
-            options = options.replace(scatter_sums=True)
-        self.options = resolve_options(options)
-        if self.options.hardware is None:
+        spec = resolve_hardware_option(options.hardware)
+        if spec is None:
             raise PartitionError("estimate: no hardware given and no hardware plugin offers "
                                  "a default spec")
-        self.hardware: HardwareSpec = self.options.hardware
+        self.hardware: HardwareSpec = spec
+        # The step as the spec's device runs it (`scatter_sums` by its platform: all-reduce
+        # and slice on a CPU, reduce_scatter on an accelerator or a spec naming none),
+        # whatever backend this process has.
+        self.options = resolve_options(options.replace(hardware=spec),
+                                       spec.platform or "accelerator")
         # trace key -> (the trace, the hooked schedule entries it was traced with)
         self._traces: dict[tuple, tuple[Traced, list]] = {}
         self.traces_made = 0
@@ -161,10 +165,10 @@ def estimate(fn, *args, mesh, schedule: Sequence = (), hardware: HardwareSpec | 
     to minor (`{"stage": 4, "data": 32, "model": 8}`), a `jax.sharding.Mesh` or a `Mesh`;
     `hardware` a spec or its name or alias (an unknown one fails, listing the known; None:
     the default spec). `options` are `partir.jit`'s (`conflicts`, `padding`,
-    `uneven_outputs`, `scatter_sums`); `scatter_sums` defaults to True, as an accelerator
-    runs the step (reduce-scatters), whatever backend this process has.
+    `uneven_outputs`, `scatter_sums`); `scatter_sums` defaults to what `hardware`'s platform
+    runs (reduce-scatters on an accelerator, all-reduce and slice on a CPU), whatever
+    backend this process has.
     """
-    options.setdefault("scatter_sums", True)
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(PartitionOptions)})
     if unknown:
         raise TypeError(f"estimate: unexpected keyword arguments {unknown}")

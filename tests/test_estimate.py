@@ -146,3 +146,24 @@ def test_a_step_jax_cannot_lower_for_the_platform_is_estimated_as_lowered_here()
         est = partir.estimate(step, jax.ShapeDtypeStruct((64, 64), jax.numpy.float32),
                               mesh={"batch": 1}, hardware="h100")
     assert est.step_time_s > 0
+
+
+def test_an_estimate_simulates_the_program_its_hardware_runs(small):
+    """ZeRO's gradient sums are reduce-scattered where the spec's device runs them so (an
+    accelerator) and all-reduced then sliced on host-cpu, as `partir.jit` partitions them
+    there: the estimate's program is the one that would run, whatever this process's
+    backend is; an explicit `scatter_sums` still wins."""
+    step, args = small
+    mesh = {"data": 4, "model": 2}
+    schedule = [*_schedule(), partir.tactic("Z2", axis="data")]
+    gpu = partir.estimate(step, *args, mesh=mesh, schedule=schedule, hardware="a100-40gb")
+    cpu = partir.estimate(step, *args, mesh=mesh, schedule=schedule, hardware="host-cpu")
+    forced = partir.estimate(step, *args, mesh=mesh, schedule=schedule, hardware="host-cpu",
+                             scatter_sums=True)
+    assert gpu.collectives.get("reduce_scatter", 0) > 0
+    assert cpu.collectives.get("reduce_scatter", 0) == 0
+    assert cpu.collectives["all_reduce"] > gpu.collectives["all_reduce"]
+    assert forced.collectives == gpu.collectives
+    fn, meta = partir.jit(step, mesh, schedule)  # this process: CPU
+    fn.lower(*args)
+    assert meta.tactics[-1].collectives == cpu.tactics[-1].collectives

@@ -111,7 +111,6 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
     start = time.perf_counter()
     if not isinstance(devices, int) or devices < 1:
         raise PlanError(f"plan: devices must be a positive int, got {devices!r}")
-    options.setdefault("scatter_sums", True)
     est = Estimator(fn, args, hardware, PartitionOptions(**options))
     hw = est.hardware
     limit = int(memory_limit if memory_limit is not None else hw.memory_bytes)
