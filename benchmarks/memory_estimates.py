@@ -284,7 +284,7 @@ def measure(family: str, schedule: Schedule, small: bool = False) -> Row:
     step, args = FAMILIES[family].make(remat, "small" if small else "cpu")
     fn, meta = partir.jit(step, schedule.mesh, schedule_tactics, hardware="host-cpu")
     stats = fn.lower(*args).compile().memory_analysis()
-    measured = _fastest_step_s(fn, args)
+    measured = _fastest_step_s(fn, harness.placed(args, meta))
     xla = xla_bytes(stats)
     rm = "-" if schedule.remat is None else ("jax.checkpoint" if remat else "tactic")
     gpu = partir.estimate(step, *args, mesh=schedule.mesh, schedule=schedule_tactics,

@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-import harness  # noqa: F401  (before jax: 8 CPU devices, repo root on sys.path)
+import harness  # before jax: 8 CPU devices, repo root on sys.path
 
 COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python "
            "benchmarks/pipeline.py")
@@ -93,11 +93,12 @@ def measure(rows: dict[str, Row], reps: int, steps: int) -> None:
             compiled = fn.lower(*args).compile()
             row = rows[name]
             row.compile_s.append(time.perf_counter() - start)
-            jax.block_until_ready(fn(*args))  # warm
+            on_mesh = harness.placed(args, meta)
+            jax.block_until_ready(fn(*on_mesh))  # warm
             times = []
             for _ in range(steps):
                 t0 = time.perf_counter()
-                out = jax.block_until_ready(fn(*args))
+                out = jax.block_until_ready(fn(*on_mesh))
                 times.append(time.perf_counter() - t0)
             row.step_s.append(statistics.median(times))
             analysis = compiled.memory_analysis()
@@ -280,11 +281,12 @@ def measure_recipe(rows: dict[str, Row], reps: int, steps: int) -> float:
             compiled = fn.lower(*args).compile()
             row = rows[name]
             row.compile_s.append(time.perf_counter() - start)
-            jax.block_until_ready(fn(*args))
+            on_mesh = harness.placed(args, meta)
+            jax.block_until_ready(fn(*on_mesh))
             times = []
             for _ in range(steps):
                 t0 = time.perf_counter()
-                out = jax.block_until_ready(fn(*args))
+                out = jax.block_until_ready(fn(*on_mesh))
                 times.append(time.perf_counter() - t0)
             row.step_s.append(statistics.median(times))
             analysis = compiled.memory_analysis()

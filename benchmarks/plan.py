@@ -80,9 +80,7 @@ def measure(name: str, seconds: float, top: int, reps: int, steps: int) -> tuple
         fn, meta = partir.jit(step, p.mesh, p.schedule)
         jax.block_until_ready(fn(*args))
         fns.append(fn)
-        # The arguments where the step wants them, as a training loop feeds back its outputs:
-        # from host arrays every call would first copy them onto the mesh (30-45 ms here).
-        placed.append(jax.device_put(args, meta.in_shardings))
+        placed.append(harness.placed(args, meta))
     for rep in range(reps):
         for i in (range(len(chosen)) if rep % 2 == 0 else reversed(range(len(chosen)))):
             times = []

@@ -138,7 +138,7 @@ def run_model(model: str, size: str, hardware: str | None, steps: int) -> list[R
         else:
             got = fn(*args)
         err = relative_error(got, want)
-        step_ms = median_step_s(fn, args, steps) * 1e3
+        step_ms = median_step_s(fn, harness.placed(args, meta), steps) * 1e3
         xla_peak = memory_estimates.xla_bytes(mem)
         row = meta.tactics[-1]
         results.append(Result(
