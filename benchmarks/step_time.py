@@ -217,9 +217,18 @@ def schedule_for(name: str, rules: Rules) -> list:
                "MP": lambda: partir.tactic("MP", rule=rules.mp, axis="model"),
                "Z2": lambda: partir.tactic("Z2", axis="batch"),
                "Z3": lambda: partir.tactic("Z3", axis="batch"),
+               # Z3 on a scan's layer dimension (`dim=`, where a user shards the stacks so):
+               # each iteration reads its layer, and writes its gradient, in place
+               "Z3L": lambda: partir.tactic("Z3", axis="batch", dim=on_layer_dimension,
+                                            name="Z3L"),
                "EP": lambda: partir.tactic("EP", rules.ep, axis="expert"),
                "SP": lambda: partir.ManualPartition(rules.sp, axis="space", name="SP")}
     return [tactics[t]() for t in name.split("+")]
+
+
+def on_layer_dimension(path, shape) -> int | None:
+    """Z3L's selector: a stacked layer leaf (`blocks/...`, rank 2 or more) on dimension 0."""
+    return 0 if "blocks" in str(path) and len(shape) >= 2 else None
 
 
 def make_mesh(axes: tuple[tuple[str, int], ...]):
@@ -638,7 +647,8 @@ MODELS: dict[str, tuple[Callable, dict[str, tuple[tuple[str, int], ...]]]] = {
     "decoder": (decoder_model, dict.fromkeys(SCHEDULES, MESH)),
     "demo": (demo_model, {"BP+MP+Z3": MESH}),
     "moe": (moe_model, MOE_MESHES),
-    "scanned": (scanned_model, dict.fromkeys(("BP+MP", "BP+MP+Z2", "BP+MP+Z3"), MESH)),
+    "scanned": (scanned_model, dict.fromkeys(("BP+MP", "BP+MP+Z2", "BP+MP+Z3", "BP+MP+Z3L"),
+                                             MESH)),
     "unet": (unet_model, {"BP+SP": (("batch", 2), ("space", 4))}),
 }
 """Each model's builder and its schedules with their meshes, in the order the rows appear."""

@@ -144,6 +144,19 @@ def test_dynamic_slice_clamps_traced_starts():
     assert "stablehlo.clamp" in _ops(program)
 
 
+def test_a_write_into_a_tiled_dimension_stays_in_its_tiles():
+    """dynamic_update_slice of one row into rows tiled 4 ways: each device writes the part of
+    the update that falls in its tile (a select and an in-place write), no gather."""
+    program = _lowered(lambda x, u, i: jax.lax.dynamic_update_slice_in_dim(x, u, i, axis=0),
+                       (jax.ShapeDtypeStruct((16, 8), jnp.float32),
+                        jax.ShapeDtypeStruct((1, 8), jnp.float32),
+                        jax.ShapeDtypeStruct((), jnp.int32)), [_tile("x", 0)], {"m": 4})
+    ops = _ops(program)
+    assert "stablehlo.all_gather" not in ops
+    assert {"stablehlo.select", "stablehlo.dynamic_update_slice"} <= set(ops)
+    assert program.func.returns[0].type.shape == (4, 8)
+
+
 @pytest.mark.parametrize("rule", registry.RULES, ids=repr)
 def test_every_rule_is_exercised_by_its_own_module(rule):
     """The registry lists each rule once, defined in a module of `spmd/rules/`."""

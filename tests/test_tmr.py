@@ -21,6 +21,7 @@ from tmr_corpus import CHLO, ELEMENTWISE, F32, I32
 import partir_plugin as partir
 from partir_plugin.core.tmr import Sum
 from partir_plugin.ir.importer import import_lowered, import_stablehlo
+from partir_plugin.ir.opsets import Reduction
 from partir_plugin.plugin.manager import default_registry
 
 MESH = {"a": 4, "b": 2}
@@ -196,15 +197,23 @@ def test_slice_pad_concatenate_reverse_entries(registry):
 
 
 def test_dynamic_slice_entries(registry):
+    # A dimension the slice takes whole passes through; one it takes partly is read per tile
+    # (the rows outside the tile zero) and the tiles' reads add up (MaskedSlice).
     ds = lambda a, i: lax.dynamic_slice(a, (i, 0), (4, 16))  # noqa: E731
     assert tmr_of(registry, ds, [((8, 16), F32), ((), I32)], "stablehlo.dynamic_slice") == {
-        ((1, None, None), (1,))}
+        ((1, None, None), (1,)), ((0, None, None), (Sum(Reduction.ADD),))}
+    flags = [((8, 16), jnp.bool_), ((), I32)]  # no sum combines booleans: no masked read
+    assert tmr_of(registry, ds, flags, "stablehlo.dynamic_slice") == {((1, None, None), (1,))}
+    # A dimension the update covers whole is tiled in both; one it covers partly only in the
+    # operand (each device writes the part of the update in its tile: MaskedUpdate).
     dus = lambda a, u, i: lax.dynamic_update_slice(a, u, (i, 0))  # noqa: E731
     assert tmr_of(registry, dus, [((8, 16), F32), ((2, 16), F32), ((), I32)],
-                  "stablehlo.dynamic_update_slice") == {((1, 1, None, None), (1,))}
+                  "stablehlo.dynamic_update_slice") == {((1, 1, None, None), (1,)),
+                                                        ((0, None, None, None), (0,))}
     dus1 = lambda a, u, i: lax.dynamic_update_slice(a, u, (0, i))  # noqa: E731
     assert tmr_of(registry, dus1, [((8, 16), F32), ((8, 4), F32), ((), I32)],
-                  "stablehlo.dynamic_update_slice") == {((0, 0, None, None), (0,))}
+                  "stablehlo.dynamic_update_slice") == {((0, 0, None, None), (0,)),
+                                                        ((1, None, None, None), (1,))}
 
 
 # --------------------------------------------------------------------------------------------

@@ -147,7 +147,8 @@ class ManualPartition(Tactic):
         if sel is FIRST_DIVISIBLE_DIM:
             values = [target.value] if isinstance(target, Leaf) else ctx.state.tagged(target)
             # A dimension the program indexes at run time (a scan's stacked layers) last:
-            # tiled, every iteration's slice of it would gather the whole stack.
+            # tiled, every iteration all-reduces the layer it reads or writes (the masked
+            # window), where another dimension gathers one shard (Z3) or adds nothing (Z2).
             scanned = ctx.state.scanned_dims
             for d in sorted(range(len(shape)), key=lambda d: (tuple(shape), d) in scanned):
                 if all(ctx.state.can_tile(v, d, self.axis, padding=False) is None

@@ -1,7 +1,8 @@
 """TMR rules of the ops whose partitioned form only the kernel's own code makes right: ops the
 kernel creates (the markers' roll and interleave, the importer's fused padded scatter and
 split optimization barriers) or lowers in its own way (an iota offset by its tile, a
-constant's shaped attribute, top_k's own reducer, a dynamic_update_slice's clamped start).
+constant's shaped attribute, top_k's own reducer, a dynamic_update_slice's write into its
+own tile: `masked_window`).
 
 They answer before Shardy's rules (`core/rules/__init__.py`): a rule here that returns None
 leaves the op to them. A plugin's rule for the same op name still overrides it.
@@ -15,6 +16,7 @@ from ...ir.dialect import INTERLEAVE_OP, PADDED_SCATTER_OP, ROLL_OP
 from ...ir.graph import Op
 from ..tmr import OWN_REDUCER, Sum, TMREntry
 from .halo import padded_scatter_entries
+from .masked_window import dynamic_update_slice_entries
 from .reductions import splat_value
 
 
@@ -54,14 +56,6 @@ def top_k_entries(op: Op) -> list[TMREntry]:
     if shape[last] > 1:
         entries.append(TMREntry((last,), (Sum(OWN_REDUCER), Sum(OWN_REDUCER)), shape[last]))
     return entries
-
-
-def dynamic_update_slice_entries(op: Op) -> list[TMREntry]:
-    # Only dimensions the update covers entirely: the start index is then clamped to 0.
-    operand, update = op.operands[0].type.shape, op.operands[1].type.shape
-    n_idx = len(op.operands) - 2
-    return [TMREntry((d, d) + (None,) * n_idx, (d,), size)
-            for d, size in enumerate(operand) if size > 1 and update[d] == size]
 
 
 RULES: dict[str, Callable[[Op], list[TMREntry] | None]] = {

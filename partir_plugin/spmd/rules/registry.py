@@ -16,6 +16,7 @@ from .embedding import EmbeddingLookup, ScatterExchange
 from .halo import GatheredWindow, HaloExchange, PaddedScatter
 from .interleave import Interleave
 from .iota import IotaOffset
+from .masked_window import MaskedSlice, MaskedUpdate
 from .own_reducer import OwnReducer
 from .padded_tiles import IndexHints, PaddingMasks
 from .prefix_scan import PrefixScan
@@ -23,8 +24,8 @@ from .roll import Roll
 
 RULES: tuple[LoweringRule, ...] = (
     HaloExchange(), GatheredWindow(), PaddedScatter(), PaddingMasks(), OwnReducer(),
-    IotaOffset(), IndexHints(), DynamicSliceClamp(), EmbeddingLookup(), ScatterExchange(),
-    PrefixScan(), Roll(), Interleave(),
+    IotaOffset(), IndexHints(), DynamicSliceClamp(), MaskedUpdate(), MaskedSlice(),
+    EmbeddingLookup(), ScatterExchange(), PrefixScan(), Roll(), Interleave(),
 )
 
 # The rules to ask about an op, by its name, in registry order.

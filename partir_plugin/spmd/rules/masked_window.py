@@ -1,0 +1,187 @@
+"""A window of a tiled dimension, read or written where it falls (`core/rules/masked_window.py`
+says when): `dynamic_update_slice` and `dynamic_slice` on a dimension their operand has tiled
+and the window covers only partly.
+
+With the window's global start `s` clamped as StableHLO clamps it, a tile that starts at
+global row `t0` and has `t` rows sees the window at local offset `off = s - t0`. Each device
+touches `w = min(u, t)` rows of its tile at `ls = clamp(off, 0, t - w)` (the tile's part of
+the window, wherever the window falls) and lines them up with the window's `u` rows through a
+slice of the part padded by as many rows as it may be shifted: a write keeps the update's
+rows that fall in its valid rows (not padding) and writes them back in place; a read keeps
+the tile's rows that fall in the window and zeroes the others, so the tiles' reads add up to
+the window. Both are exact: selects, never arithmetic on the values."""
+
+from __future__ import annotations
+
+from ...core.mesh import Mesh
+from ...core.padding import is_padded
+from ...core.tmr import Sum
+from ...ir.attributes import i64_array
+from ...ir.graph import Op, Region, Value
+from ...ir.types import TensorType
+from ..emitter import Emitter
+from ..op_plan import Nest, OpPlan
+from .base import LoweringRule, RuleContext
+
+_INDEX = TensorType((), "i64")
+
+
+class MaskedUpdate(LoweringRule):
+    """A dynamic_update_slice whose update is whole on every device, into a tiled dimension:
+    each device writes the part of the update in its tile."""
+
+    ops = frozenset({"stablehlo.dynamic_update_slice"})
+
+    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
+        return any(e.operands[0] is not None and e.operands[1] is None for _, e in nest)
+
+    def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
+             regions: list[Region]) -> list[Value] | None:
+        em = ctx.em
+        x, update = operands[0], operands[1]
+        full, part = ctx.op.operands[0].type.shape, ctx.op.operands[1].type.shape
+        tiles = _Tiles(ctx, x, operands[2:], full, part, ctx.produced[0].dims,
+                       local=update.type)
+        shape = tuple(tiles.window)
+        # Row j of the tile's part is update row j + ls - off (the update padded by w rows).
+        padded = _pad(em, update, tiles.pad)
+        piece = _slice(em, padded, [_add(em, _sub(em, tiles.ls[d], tiles.off[d]),
+                                         em.scalar(tiles.pad[d], "i64"))
+                                    if tiles.partly(d) else em.scalar(0, "i64")
+                                    for d in range(len(full))], shape)
+        old = _slice(em, x, tiles.at, shape)
+        keep = tiles.mask(shape, lambda rows, d: _add(em, rows, em.broadcast(
+            _sub(em, tiles.ls[d], tiles.off[d]), rows.type)), source=True)
+        new = em.emit("stablehlo.select", [keep, piece, old], [old.type]).results[0]
+        return em.emit("stablehlo.dynamic_update_slice", [x, new, *tiles.at],
+                       [x.type]).results
+
+
+class MaskedSlice(LoweringRule):
+    """A dynamic_slice of a tiled dimension that its result takes partly (a Sum entry): each
+    device reads its tile's rows of the window, zeros for the others."""
+
+    ops = frozenset({"stablehlo.dynamic_slice"})
+
+    def matches(self, op: Op, nest: Nest, plan: OpPlan, mesh: Mesh) -> bool:
+        return any(isinstance(e.results[0], Sum) for _, e in nest)
+
+    def emit(self, ctx: RuleContext, operands: list[Value], attrs: dict[str, str],
+             regions: list[Region]) -> list[Value] | None:
+        em = ctx.em
+        x = operands[0]
+        full, size = ctx.op.operands[0].type.shape, ctx.op.results[0].type.shape
+        tiled = [d if any(isinstance(e.results[0], Sum) and e.operands[0] == d
+                          for _, e in ctx.nest) else None for d in range(len(full))]
+        dims = tuple(axes if tiled[d] is not None else () for d, axes
+                     in enumerate(ctx.plan.wanted[0].dims))
+        tiles = _Tiles(ctx, x, operands[1:], full, size, dims, local=ctx.plan.result_types[0])
+        part = _slice(em, x, tiles.at, tuple(tiles.window))
+        out_t = ctx.plan.result_types[0]
+        # Window row j is the part's row j + off - ls (the part padded by u rows).
+        padded = _pad(em, part, [size[d] if tiles.partly(d) else 0 for d in range(len(full))])
+        lined = _slice(em, padded, [_add(em, _sub(em, tiles.off[d], tiles.ls[d]),
+                                         em.scalar(size[d], "i64"))
+                                    if tiles.partly(d) else em.scalar(0, "i64")
+                                    for d in range(len(full))], out_t.shape)
+        keep = tiles.mask(out_t.shape, lambda rows, d: _add(em, rows, em.broadcast(
+            tiles.off[d], rows.type)), source=False)
+        return [em.emit("stablehlo.select", [keep, lined, em.splat(0, out_t)],
+                        [out_t]).results[0]]
+
+
+class _Tiles:
+    """Where a window of `part` rows (per dimension) starting at the traced `starts` falls in
+    this device's tile of an operand of `full` rows, tiled over `dims` (axes per dimension)
+    where the window covers it only partly; `local`: the window's local type (the update's,
+    the result's), whose other dimensions the window keeps."""
+
+    def __init__(self, ctx: RuleContext, x: Value, starts: list[Value], full, part, dims,
+                 local: TensorType) -> None:
+        em, self.em, self.ctx = ctx.em, ctx.em, ctx
+        self.full, self.part, self.dims = full, part, dims
+        self.window = list(local.shape)
+        self.pad = [0] * len(full)
+        self.at: list[Value] = []  # the window's start in the tile, per dimension
+        self.ls: dict[int, Value] = {}
+        self.off: dict[int, Value] = {}
+        for d, start in enumerate(starts):
+            s = _clamp(em, _index(em, start), 0, full[d] - part[d])
+            if not self.partly(d):  # untiled, or taken whole (s is then 0)
+                self.at.append(s)
+                continue
+            t = x.type.shape[d]
+            w = self.window[d] = self.pad[d] = min(part[d], t)
+            tile_start = _index(em, em.per_device(em.tile_starts(full[d], dims[d])))
+            self.off[d] = _sub(em, s, tile_start)
+            self.ls[d] = _clamp(em, self.off[d], 0, t - w)
+            self.at.append(self.ls[d])
+        self.rows_in_tile = {d: x.type.shape[d] for d in self.off}
+
+    def partly(self, d: int) -> bool:
+        return bool(self.dims[d]) and self.part[d] < self.full[d]
+
+    def mask(self, shape, tile_row, source: bool) -> Value:
+        """i1 of `shape`: rows whose update row exists (`source`: a write) and whose tile row
+        (`tile_row(iota, d)`) is a valid row of this tile, in every partly tiled dimension."""
+        em = self.em
+        rows_t = TensorType(tuple(shape), "i64")
+        keep: Value | None = None
+        for d in self.off:
+            rows = em.emit("stablehlo.iota", [], [rows_t],
+                           {"iota_dimension": f"{d} : i64"}).results[0]
+            tile = tile_row(rows, d) if not source else _add(em, rows, em.broadcast(
+                self.ls[d], rows_t))
+            conds = [em.compare(tile, em.splat(0, rows_t), "GE"),
+                     em.compare(tile, self._valid(d, rows_t), "LT")]
+            if source:  # the update's row j + ls - off must exist
+                src = tile_row(rows, d)
+                conds += [em.compare(src, em.splat(0, rows_t), "GE"),
+                          em.compare(src, em.splat(self.part[d], rows_t), "LT")]
+            for c in conds:
+                keep = c if keep is None else em.emit("stablehlo.and", [keep, c],
+                                                      [c.type]).results[0]
+        assert keep is not None, "matched without a partly covered tiled dimension"
+        return keep
+
+    def _valid(self, d: int, rows_t: TensorType) -> Value:
+        """This tile's valid rows on `d` (its extent, or fewer where tiling pads)."""
+        em, axes = self.em, self.dims[d]
+        if not is_padded(self.full[d], [self.ctx.mesh.axis_size(a) for a in axes]):
+            return em.splat(self.rows_in_tile[d], rows_t)
+        return em.broadcast(_index(em, em.per_device(em.tile_valid(self.full[d], axes))),
+                            rows_t)
+
+
+def _index(em: Emitter, v: Value) -> Value:
+    """A scalar start index as i64 (starts may be any integer type; an offset may be < 0)."""
+    if v.type.element == "i64":
+        return v
+    return em.emit("stablehlo.convert", [v], [_INDEX]).results[0]
+
+
+def _add(em: Emitter, a: Value, b: Value) -> Value:
+    return em.emit("stablehlo.add", [a, b], [a.type]).results[0]
+
+
+def _sub(em: Emitter, a: Value, b: Value) -> Value:
+    return em.emit("stablehlo.subtract", [a, b], [a.type]).results[0]
+
+
+def _clamp(em: Emitter, v: Value, low: int, high: int) -> Value:
+    return em.emit("stablehlo.clamp", [em.scalar(low, "i64"), v, em.scalar(high, "i64")],
+                   [_INDEX]).results[0]
+
+
+def _pad(em: Emitter, x: Value, rows: list[int]) -> Value:
+    """`x` with `rows[d]` zero rows on both sides of each dimension."""
+    shape = tuple(n + 2 * p for n, p in zip(x.type.shape, rows))
+    return em.emit("stablehlo.pad", [x, em.scalar(0, x.type.element)],
+                   [x.type.with_shape(shape)],
+                   {"edge_padding_low": i64_array(rows), "edge_padding_high": i64_array(rows),
+                    "interior_padding": i64_array([0] * len(rows))}).results[0]
+
+
+def _slice(em: Emitter, x: Value, starts: list[Value], shape: tuple[int, ...]) -> Value:
+    return em.emit("stablehlo.dynamic_slice", [x, *starts], [x.type.with_shape(shape)],
+                   {"slice_sizes": i64_array(list(shape))}).results[0]
