@@ -50,8 +50,8 @@ class MaskedUpdate(LoweringRule):
                                     if tiles.partly(d) else em.scalar(0, "i64")
                                     for d in range(len(full))], shape)
         old = _slice(em, x, tiles.at, shape)
-        keep = tiles.mask(shape, lambda rows, d: _add(em, rows, em.broadcast(
-            _sub(em, tiles.ls[d], tiles.off[d]), rows.type)), source=True)
+        keep = tiles.mask(shape, tile_row=tiles.ls, update_row={
+            d: _sub(em, tiles.ls[d], tiles.off[d]) for d in tiles.ls})
         new = em.emit("stablehlo.select", [keep, piece, old], [old.type]).results[0]
         return em.emit("stablehlo.dynamic_update_slice", [x, new, *tiles.at],
                        [x.type]).results
@@ -84,8 +84,7 @@ class MaskedSlice(LoweringRule):
                                          em.scalar(size[d], "i64"))
                                     if tiles.partly(d) else em.scalar(0, "i64")
                                     for d in range(len(full))], out_t.shape)
-        keep = tiles.mask(out_t.shape, lambda rows, d: _add(em, rows, em.broadcast(
-            tiles.off[d], rows.type)), source=False)
+        keep = tiles.mask(out_t.shape, tile_row=tiles.off)
         return [em.emit("stablehlo.select", [keep, lined, em.splat(0, out_t)],
                         [out_t]).results[0]]
 
@@ -102,7 +101,9 @@ class _Tiles:
         self.full, self.part, self.dims = full, part, dims
         self.window = list(local.shape)
         self.pad = [0] * len(full)
-        self.at: list[Value] = []  # the window's start in the tile, per dimension
+        self.at: list[Value] = []  # where the tile's part of the window starts, per dim
+        # Per partly tiled dimension: the window's start relative to the tile's (`off`, may
+        # fall outside it) and where the tile's part of it starts (`ls`, inside it).
         self.ls: dict[int, Value] = {}
         self.off: dict[int, Value] = {}
         for d, start in enumerate(starts):
@@ -121,26 +122,26 @@ class _Tiles:
     def partly(self, d: int) -> bool:
         return bool(self.dims[d]) and self.part[d] < self.full[d]
 
-    def mask(self, shape, tile_row, source: bool) -> Value:
-        """i1 of `shape`: rows whose update row exists (`source`: a write) and whose tile row
-        (`tile_row(iota, d)`) is a valid row of this tile, in every partly tiled dimension."""
+    def mask(self, shape, tile_row: dict[int, Value],
+             update_row: dict[int, Value] | None = None) -> Value:
+        """i1 of `shape`, true where, in every partly tiled dimension d, row j's tile row
+        `j + tile_row[d]` is a valid row of this tile and (a write) its update row
+        `j + update_row[d]` is a row of the update."""
         em = self.em
         rows_t = TensorType(tuple(shape), "i64")
         keep: Value | None = None
         for d in self.off:
             rows = em.emit("stablehlo.iota", [], [rows_t],
                            {"iota_dimension": f"{d} : i64"}).results[0]
-            tile = tile_row(rows, d) if not source else _add(em, rows, em.broadcast(
-                self.ls[d], rows_t))
-            conds = [em.compare(tile, em.splat(0, rows_t), "GE"),
-                     em.compare(tile, self._valid(d, rows_t), "LT")]
-            if source:  # the update's row j + ls - off must exist
-                src = tile_row(rows, d)
-                conds += [em.compare(src, em.splat(0, rows_t), "GE"),
-                          em.compare(src, em.splat(self.part[d], rows_t), "LT")]
-            for c in conds:
-                keep = c if keep is None else em.emit("stablehlo.and", [keep, c],
-                                                      [c.type]).results[0]
+            bounds = [(tile_row, self._valid(d, rows_t))]
+            if update_row is not None:
+                bounds.append((update_row, em.splat(self.part[d], rows_t)))
+            for offset, limit in bounds:
+                row = _add(em, rows, em.broadcast(offset[d], rows_t))
+                for c in (em.compare(row, em.splat(0, rows_t), "GE"),
+                          em.compare(row, limit, "LT")):
+                    keep = c if keep is None else em.emit("stablehlo.and", [keep, c],
+                                                          [c.type]).results[0]
         assert keep is not None, "matched without a partly covered tiled dimension"
         return keep
 
