@@ -140,16 +140,35 @@ class Emitter:
         unspecified, `core/padding.py`)."""
         if x.type.shape[dim] == extent:
             return x
-        rank = x.type.rank
-        high = [0] * rank
+        high = [0] * x.type.rank
         high[dim] = extent - x.type.shape[dim]
-        shape = list(x.type.shape)
-        shape[dim] = extent
-        return self.emit("stablehlo.pad", [x, self.scalar(0, x.type.element)],
-                         [x.type.with_shape(tuple(shape))],
-                         {"edge_padding_low": i64_array([0] * rank),
+        return self.pad(x, [0] * x.type.rank, high)
+
+    def pad(self, x: Value, low: list[int], high: list[int], fill: Value | None = None
+            ) -> Value:
+        """`x` with `low[d]` rows before and `high[d]` after each dimension d, of the scalar
+        `fill` (None: zeros)."""
+        fill = self.scalar(0, x.type.element) if fill is None else fill
+        shape = tuple(n + lo + hi for n, lo, hi in zip(x.type.shape, low, high))
+        return self.emit("stablehlo.pad", [x, fill], [x.type.with_shape(shape)],
+                         {"edge_padding_low": i64_array(low),
                           "edge_padding_high": i64_array(high),
-                          "interior_padding": i64_array([0] * rank)}).results[0]
+                          "interior_padding": i64_array([0] * x.type.rank)}).results[0]
+
+    def dynamic_slice(self, x: Value, starts: list[Value], shape) -> Value:
+        """The `shape` block of the local `x` at the traced (scalar) `starts`."""
+        return self.emit("stablehlo.dynamic_slice", [x, *starts],
+                         [x.type.with_shape(tuple(shape))],
+                         {"slice_sizes": i64_array(list(shape))}).results[0]
+
+    def from_tile_start(self, x: Value, n: int, axes: tuple[str, ...]) -> Value:
+        """Global positions `x` (integers) made relative to this device's tile of a dimension
+        of size `n` tiled over `axes` (negative or past the tile where they fall outside)."""
+        start = self.emit("stablehlo.convert", [self.per_device(self.tile_starts(n, axes))],
+                          [TensorType((), x.type.element)]).results[0]
+        if x.type.shape:
+            start = self.broadcast(start, x.type)
+        return self.emit("stablehlo.subtract", [x, start], [x.type]).results[0]
 
     def trim_to(self, x: Value, dim: int, extent: int) -> Value:
         """The first `extent` rows of `dim` (a gathered padded tile cut to its parent's)."""

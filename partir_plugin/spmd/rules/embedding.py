@@ -166,9 +166,7 @@ def local_ids(em: Emitter, vocab: int, ids: Value, axes: tuple[str, ...],
     t = ids.type
     clamped = ids if not clamp else em.emit(
         "stablehlo.clamp", [em.splat(0, t), ids, em.splat(vocab - 1, t)], [t]).results[0]
-    start = em.per_device(em.tile_starts(vocab, axes))
-    start = em.emit("stablehlo.convert", [start], [TensorType((), t.element)]).results[0]
-    return em.emit("stablehlo.subtract", [clamped, em.broadcast(start, t)], [t]).results[0]
+    return em.from_tile_start(clamped, vocab, axes)
 
 
 def zero_foreign_rows(em: Emitter, values: Value, ids: Value, vocab: int,

@@ -141,20 +141,12 @@ def lower_padded_scatter(em: Emitter, op: Op, nest: Nest, operands: list[Value],
         low[halo.dim] = high[halo.dim] = 0
         keep[halo.dim] = max(0, rows.left)
         unread_lo[halo.dim], unread_hi[halo.dim] = max(0, -rows.left), max(0, -rows.right)
-    shape = [n + lo + hi for n, lo, hi in zip(x.type.shape, low, high)]
-    padded = em.emit("stablehlo.pad", [x, fill], [x.type.with_shape(tuple(shape))],
-                     {"edge_padding_low": i64_array(low), "edge_padding_high": i64_array(high),
-                      "interior_padding": i64_array([0] * rank)}).results[0]
+    padded = em.pad(x, low, high, fill)
     attrs = {key: op.attributes[key] for key in WINDOW_ATTRS if key in op.attributes}
     scattered = em.emit("stablehlo.select_and_scatter", [padded, source, init],
                         [padded.type], attrs, regions).results[0]
     if any(unread_lo) or any(unread_hi):
-        shape = [n + lo + hi for n, lo, hi in zip(scattered.type.shape, unread_lo, unread_hi)]
-        scattered = em.emit("stablehlo.pad", [scattered, init],
-                            [scattered.type.with_shape(tuple(shape))],
-                            {"edge_padding_low": i64_array(unread_lo),
-                             "edge_padding_high": i64_array(unread_hi),
-                             "interior_padding": i64_array([0] * rank)}).results[0]
+        scattered = em.pad(scattered, unread_lo, unread_hi, init)
     return em.emit("stablehlo.slice", [scattered], [result],
                    {"start_indices": i64_array(keep),
                     "limit_indices": i64_array([s + n for s, n in zip(keep, result.shape)]),
@@ -237,15 +229,9 @@ def _gathered_window(em: Emitter, x: Value, dim: int, rows: HaloRows, axes, fill
     rank = len(x.type.shape)
     lo, hi = [0] * rank, [0] * rank
     lo[dim], hi[dim] = rows.left, rows.right
-    shape = list(full.type.shape)
-    shape[dim] += rows.left + rows.right
-    padded = em.emit("stablehlo.pad", [full, fill], [full.type.with_shape(tuple(shape))],
-                     {"edge_padding_low": i64_array(lo), "edge_padding_high": i64_array(hi),
-                      "interior_padding": i64_array([0] * rank)}).results[0]
+    padded = em.pad(full, lo, hi, fill)
     size = list(x.type.shape)
     size[dim] = rows.n + rows.left + rows.right
     starts = [em.scalar(0, "i32") for _ in range(rank)]
     starts[dim] = em.per_device([b * rows.n for b in em.block_index(axes)])
-    return em.emit("stablehlo.dynamic_slice", [padded, *starts],
-                   [x.type.with_shape(tuple(size))], {"slice_sizes": i64_array(size)}
-                   ).results[0]
+    return em.dynamic_slice(padded, starts, size)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from ...core.mesh import Mesh
 from ...core.padding import is_padded
 from ...core.tmr import Sum
-from ...ir.attributes import i64_array
 from ...ir.graph import Op, Region, Value
 from ...ir.types import TensorType
 from ..emitter import Emitter
@@ -44,12 +43,12 @@ class MaskedUpdate(LoweringRule):
                        local=update.type)
         shape = tuple(tiles.window)
         # Row j of the tile's part is update row j + ls - off (the update padded by w rows).
-        padded = _pad(em, update, tiles.pad)
-        piece = _slice(em, padded, [_add(em, _sub(em, tiles.ls[d], tiles.off[d]),
+        padded = em.pad(update, tiles.pad, tiles.pad)
+        piece = em.dynamic_slice(padded, [_add(em, _sub(em, tiles.ls[d], tiles.off[d]),
                                          em.scalar(tiles.pad[d], "i64"))
                                     if tiles.partly(d) else em.scalar(0, "i64")
                                     for d in range(len(full))], shape)
-        old = _slice(em, x, tiles.at, shape)
+        old = em.dynamic_slice(x, tiles.at, shape)
         keep = tiles.mask(shape, tile_row=tiles.ls, update_row={
             d: _sub(em, tiles.ls[d], tiles.off[d]) for d in tiles.ls})
         new = em.emit("stablehlo.select", [keep, piece, old], [old.type]).results[0]
@@ -71,16 +70,16 @@ class MaskedSlice(LoweringRule):
         em = ctx.em
         x = operands[0]
         full, size = ctx.op.operands[0].type.shape, ctx.op.results[0].type.shape
-        tiled = [d if any(isinstance(e.results[0], Sum) and e.operands[0] == d
-                          for _, e in ctx.nest) else None for d in range(len(full))]
-        dims = tuple(axes if tiled[d] is not None else () for d, axes
+        summed = {e.operands[0] for _, e in ctx.nest if isinstance(e.results[0], Sum)}
+        dims = tuple(axes if d in summed else () for d, axes
                      in enumerate(ctx.plan.wanted[0].dims))
         tiles = _Tiles(ctx, x, operands[1:], full, size, dims, local=ctx.plan.result_types[0])
-        part = _slice(em, x, tiles.at, tuple(tiles.window))
+        part = em.dynamic_slice(x, tiles.at, tiles.window)
         out_t = ctx.plan.result_types[0]
         # Window row j is the part's row j + off - ls (the part padded by u rows).
-        padded = _pad(em, part, [size[d] if tiles.partly(d) else 0 for d in range(len(full))])
-        lined = _slice(em, padded, [_add(em, _sub(em, tiles.off[d], tiles.ls[d]),
+        rows = [size[d] if tiles.partly(d) else 0 for d in range(len(full))]
+        padded = em.pad(part, rows, rows)
+        lined = em.dynamic_slice(padded, [_add(em, _sub(em, tiles.off[d], tiles.ls[d]),
                                          em.scalar(size[d], "i64"))
                                     if tiles.partly(d) else em.scalar(0, "i64")
                                     for d in range(len(full))], out_t.shape)
@@ -113,8 +112,7 @@ class _Tiles:
                 continue
             t = x.type.shape[d]
             w = self.window[d] = self.pad[d] = min(part[d], t)
-            tile_start = _index(em, em.per_device(em.tile_starts(full[d], dims[d])))
-            self.off[d] = _sub(em, s, tile_start)
+            self.off[d] = em.from_tile_start(s, full[d], dims[d])
             self.ls[d] = _clamp(em, self.off[d], 0, t - w)
             self.at.append(self.ls[d])
         self.rows_in_tile = {d: x.type.shape[d] for d in self.off}
@@ -172,17 +170,3 @@ def _sub(em: Emitter, a: Value, b: Value) -> Value:
 def _clamp(em: Emitter, v: Value, low: int, high: int) -> Value:
     return em.emit("stablehlo.clamp", [em.scalar(low, "i64"), v, em.scalar(high, "i64")],
                    [_INDEX]).results[0]
-
-
-def _pad(em: Emitter, x: Value, rows: list[int]) -> Value:
-    """`x` with `rows[d]` zero rows on both sides of each dimension."""
-    shape = tuple(n + 2 * p for n, p in zip(x.type.shape, rows))
-    return em.emit("stablehlo.pad", [x, em.scalar(0, x.type.element)],
-                   [x.type.with_shape(shape)],
-                   {"edge_padding_low": i64_array(rows), "edge_padding_high": i64_array(rows),
-                    "interior_padding": i64_array([0] * len(rows))}).results[0]
-
-
-def _slice(em: Emitter, x: Value, starts: list[Value], shape: tuple[int, ...]) -> Value:
-    return em.emit("stablehlo.dynamic_slice", [x, *starts], [x.type.with_shape(shape)],
-                   {"slice_sizes": i64_array(list(shape))}).results[0]

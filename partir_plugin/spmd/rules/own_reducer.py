@@ -61,13 +61,9 @@ def local_operands(em: Emitter, op: Op, operands: list[Value]) -> list[Value]:
     last = x.type.rank - 1
     if x.type.shape[last] >= k:
         return operands
-    lo, hi = [0] * x.type.rank, [0] * x.type.rank
+    hi = [0] * x.type.rank
     hi[last] = k - x.type.shape[last]
-    shape = (*x.type.shape[:last], k)
-    return [em.emit("stablehlo.pad", [x, own_identity(em, op, operands, 0)],
-                    [x.type.with_shape(shape)],
-                    {"edge_padding_low": i64_array(lo), "edge_padding_high": i64_array(hi),
-                     "interior_padding": i64_array([0] * x.type.rank)}).results[0]]
+    return [em.pad(x, [0] * x.type.rank, hi, own_identity(em, op, operands, 0))]
 
 
 def combine_partials(em: Emitter, op: Op, partials: list[Value], operands: list[Value],
