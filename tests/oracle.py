@@ -10,6 +10,8 @@ with `rtol` from the dtype (`RTOL`: float32 1e-5, about 80 ulps) unless a test p
 looser one with a comment saying why. `FLOOR` keeps a leaf that is zero in exact arithmetic
 (rounding noise on both sides) from being compared at zero ulps. NaNs must be NaN on both
 sides; integer, boolean and key leaves must be equal; shapes and dtypes must match.
+One exception, for a reason of the step's own arithmetic: the parameters an Adam step
+returns (`assert_step_close`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,25 @@ def assert_close(got: Any, want: Any, rtol: float | None = None, what: str = "")
     """`got` is `want` leaf by leaf, to the policy's tolerance; the message names each leaf
     that differs with its worst entry."""
     bad = mismatches(got, want, rtol)
+    assert not bad, f"{what}: {len(bad)} leaves differ from jax.jit's:\n" + "\n".join(bad)
+
+
+ADAM_PARAMS_RTOL = 1e-4
+
+
+def assert_step_close(got: Any, want: Any, what: str = "") -> None:
+    """A train step's `(params, opt_state, *rest)` is jax.jit's: the optimizer state (the
+    gradients' moments) and the rest to the policy's tolerance, the parameters to
+    `ADAM_PARAMS_RTOL`. Why: at step one Adam moves an entry by lr * g / (|g| + eps), which
+    multiplies float32 rounding of g by up to lr / eps (1e6 at lr 1e-2, eps 1e-8) where g
+    cancels to near eps. The moments, compared to the policy, carry g itself; the parameters
+    carry the update's amplification of its rounding (seen: a key kernel entry with g = 1e-7,
+    its moments within 1.3e-3 of each other's relative to that tiny g, well within the policy,
+    and the parameter 1.9e-5 apart, against the policy's 8.1e-6 for that leaf)."""
+    params, opt_state, *rest = got
+    want_params, want_opt_state, *want_rest = want
+    bad = (mismatches((opt_state, rest), (want_opt_state, want_rest))
+           + mismatches(params, want_params, ADAM_PARAMS_RTOL))
     assert not bad, f"{what}: {len(bad)} leaves differ from jax.jit's:\n" + "\n".join(bad)
 
 
