@@ -24,6 +24,12 @@ if (os.environ.get("PARTIR_TEST_XLA_O0", "1") != "0"
 os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# The tests see host-cpu's uncalibrated defaults whether or not this machine ran `partir
+# calibrate` (its file in ~/.cache would change every host-cpu estimate, and the planner's
+# choices with them); test_hardware points the variable at its own files.
+os.environ.setdefault("PARTIR_CALIBRATION_FILE",
+                      os.path.join(tempfile.gettempdir(), "partir-tests-no-calibration.json"))
+
 if (os.environ.get("PARTIR_TEST_COMPILE_CACHE", "1") != "0"
         and "JAX_COMPILATION_CACHE_DIR" not in os.environ):
     _cache = tempfile.mkdtemp(prefix="partir-tests-jax-cache-")
