@@ -6,7 +6,8 @@ because that is how a partitioned program runs here: the devices share the host'
 memory bus, so a device's figure is what it gets while the others are busy too.
 
 - matmul FLOP/s: each device multiplies two n x n matrices (f32 and bf16);
-- memory bandwidth: each device streams a large array through one fused read + write;
+- memory bandwidth: each device streams a large array (8 MiB, beyond the cache and below
+  the size the allocator maps afresh on every call) through one fused read + write;
   the same on arrays that fit a device's share of the last-level cache gives the cache's
   bandwidth, used for kernels moving at most that share (`HardwareSpec.cache_bytes`);
 - collectives: chains of a tiny `psum` over groups of two and of every device, and a `psum`
@@ -177,7 +178,13 @@ def measure(budget_s: float, devices: int) -> dict:
         a, b = put((n, n), dtype), put((n, n), dtype)
         flops[element] = 2.0 * n**3 / _best_time(matmul, a, b, budget_s=share)
 
-    elems = (1 if quick else 8) * 2**20  # f32 elements per device: 4 MiB or 32 MiB
+    # f32 elements per device: 4 MiB or 8 MiB, read and written by every device at once, well
+    # beyond the last-level cache. Not more: a step's kernels write into memory the allocator
+    # recycles from the step before, while an output of 32 MiB or more is a fresh mapping on
+    # every call (glibc maps an allocation that large, and its threshold stops at 32 MiB), and
+    # faulting its pages in took 3x the streaming here (0.74-0.86 GB/s per device against
+    # 2.0-2.6 at 1-16 MiB; the calibration measured 32 MiB until 2026-11-28).
+    elems = (1 if quick else 2) * 2**20
     x = put((elems,), jnp.float32)
     stream = per_device(lambda v: v * 1.0001 + 1.0)
     mem_bw = 2.0 * 4 * elems / _best_time(stream, x, budget_s=share)
