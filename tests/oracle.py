@@ -44,7 +44,7 @@ def tolerances(want: np.ndarray, rtol: float | None = None) -> tuple[float, floa
 def _leaf_mismatch(g: np.ndarray, w: np.ndarray, rtol: float | None) -> str | None:
     if g.shape != w.shape or g.dtype != w.dtype:
         return f"{g.shape}{g.dtype} vs jax.jit's {w.shape}{w.dtype}"
-    if not np.issubdtype(w.dtype, np.inexact):
+    if not jnp.issubdtype(w.dtype, jnp.inexact):  # numpy does not count bfloat16 as inexact
         return None if np.array_equal(g, w) else f"{np.sum(g != w)} of {w.size} entries differ"
     r, a = tolerances(w, rtol)
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
@@ -78,16 +78,20 @@ def adam_step_parameters(want: Any) -> bool:
 
 def mismatches(got: Any, want: Any, rtol: float | None = None) -> list[str]:
     """One line per leaf of `got` that is not `want`'s to the policy's tolerance (an Adam
-    step's parameters to `ADAM_PARAMS_RTOL`, unless `rtol` is given)."""
+    step's parameters to `ADAM_PARAMS_RTOL` or their dtype's, whichever is looser, unless
+    `rtol` is given)."""
     gl, gdef = jax.tree_util.tree_flatten_with_path(got)
     wl, wdef = jax.tree_util.tree_flatten_with_path(want)
     if gdef != wdef:
         return [f"output structure differs:\n got  {gdef}\n want {wdef}"]
-    params_rtol = ADAM_PARAMS_RTOL if rtol is None and adam_step_parameters(want) else rtol
+    adam = rtol is None and adam_step_parameters(want)
     out = []
     for (path, g), (_, w) in zip(gl, wl, strict=True):
-        leaf_rtol = params_rtol if path and path[0] == jax.tree_util.SequenceKey(0) else rtol
-        why = _leaf_mismatch(np.asarray(g), np.asarray(w), leaf_rtol)
+        g, w = np.asarray(g), np.asarray(w)
+        leaf_rtol = rtol
+        if adam and path and path[0] == jax.tree_util.SequenceKey(0):  # never below the dtype's
+            leaf_rtol = max(RTOL.get(w.dtype, RTOL[np.dtype(np.float32)]), ADAM_PARAMS_RTOL)
+        why = _leaf_mismatch(g, w, leaf_rtol)
         if why:
             out.append(f"  {jax.tree_util.keystr(path) or '<root>'} {why}")
     return out

@@ -47,3 +47,10 @@ def test_outputs_without_an_adam_state_are_compared_to_the_policy():
     sgd_state = optax.sgd(1e-2).init(params)
     assert not adam_step_parameters((params, sgd_state, loss))
     assert len(mismatches((off, sgd_state, loss), (params, sgd_state, loss))) == 1
+
+
+def test_bfloat16_parameters_of_an_adam_step_keep_their_dtypes_looser_tolerance():
+    params, state, loss = _adam_step_output()
+    half = {"w": params["w"].astype(jnp.bfloat16)}
+    off = {"w": _nudged(half["w"], 3e-3)}  # within bf16's 1e-2, beyond ADAM_PARAMS_RTOL
+    assert mismatches((off, state, loss), (half, state, loss)) == []
