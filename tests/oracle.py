@@ -33,9 +33,14 @@ RTOL: dict[np.dtype, float] = {np.dtype(jnp.bfloat16): 1e-2, np.dtype(np.float16
 FLOOR = 1e-3
 
 
+def dtype_rtol(dtype: np.dtype) -> float:
+    """The policy's rtol for a dtype (float32's for one it does not list)."""
+    return RTOL.get(dtype, RTOL[np.dtype(np.float32)])
+
+
 def tolerances(want: np.ndarray, rtol: float | None = None) -> tuple[float, float]:
     """(rtol, atol) for comparing a leaf with `want` (the policy above)."""
-    rtol = RTOL.get(want.dtype, RTOL[np.dtype(np.float32)]) if rtol is None else rtol
+    rtol = dtype_rtol(want.dtype) if rtol is None else rtol
     finite = np.abs(want[np.isfinite(want)])
     scale = max(FLOOR, float(finite.max())) if finite.size else FLOOR
     return rtol, rtol * scale
@@ -90,7 +95,7 @@ def mismatches(got: Any, want: Any, rtol: float | None = None) -> list[str]:
         g, w = np.asarray(g), np.asarray(w)
         leaf_rtol = rtol
         if adam and path and path[0] == jax.tree_util.SequenceKey(0):  # never below the dtype's
-            leaf_rtol = max(RTOL.get(w.dtype, RTOL[np.dtype(np.float32)]), ADAM_PARAMS_RTOL)
+            leaf_rtol = max(dtype_rtol(w.dtype), ADAM_PARAMS_RTOL)
         why = _leaf_mismatch(g, w, leaf_rtol)
         if why:
             out.append(f"  {jax.tree_util.keystr(path) or '<root>'} {why}")
