@@ -124,3 +124,48 @@ def step_times(fn, args: tuple, runs: int) -> list[float]:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return times
+
+
+def interleaved_rounds(calls: list[tuple], rounds: int, block: int,
+                       seed: int = 0) -> list[list[float]]:
+    """Per call `(fn, args)`, its median step time in each of `rounds` rounds. A round runs
+    every call once, in a fresh random order: one unrecorded step (the switch from another
+    program costs a cold cache) and then `block` recorded steps. Step times of neighbouring
+    programs drift together on a shared host (the same plan measured 99-134 ms in five runs
+    of bench-plan), so a comparison should pair rounds (`faster_in_rounds`), not runs."""
+    import random
+
+    import jax
+
+    order = list(range(len(calls)))
+    rng = random.Random(seed)
+    medians: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for i in order:
+            fn, args = calls[i]
+            jax.block_until_ready(fn(*args))
+            times = []
+            for _ in range(block):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                times.append(time.perf_counter() - start)
+            medians[i].append(sorted(times)[len(times) // 2])
+    return medians
+
+
+def faster_in_rounds(a: list[float], b: list[float], alpha: float = 0.05) -> int:
+    """-1 if `a` is faster than `b` in enough of their paired rounds that chance would do so
+    with probability under `alpha` (a two-sided sign test), 1 if `b` is, 0 if the rounds do
+    not tell them apart."""
+    from math import comb
+
+    wins = sum(x < y for x, y in zip(a, b))
+    losses = sum(x > y for x, y in zip(a, b))
+    n = wins + losses
+    if not n:
+        return 0
+    tail = sum(comb(n, k) for k in range(max(wins, losses), n + 1)) / 2**n
+    if 2 * tail >= alpha:
+        return 0
+    return -1 if wins > losses else 1

@@ -12,10 +12,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.exhaustive]
 def test_plan_benchmark_writes_its_section(tmp_path):
     plan = benchmark_module.load("plan")
     out = tmp_path / "BENCHMARKS.md"
-    assert plan.main(["--only", "transformer", "--seconds", "10", "--top", "2", "--reps", "1",
-                      "--steps", "1", "--output", str(out)]) == 0
+    assert plan.main(["--only", "transformer", "--seconds", "10", "--top", "2", "--rounds", "2",
+                      "--block", "1", "--output", str(out)]) == 0
     text = out.read_text()
-    assert plan.HEADING in text and "Spearman" in text
+    assert plan.HEADING in text and "Spearman" in text and "resolve" in text
     rows = [line for line in text.splitlines() if line.startswith("| 1 |")
             or line.startswith("| 2 |")]
     assert len(rows) == 2, rows
