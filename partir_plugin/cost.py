@@ -82,6 +82,13 @@ class HardwareSpec:
     `host_link`: the link between a device and its host's memory (PCIe), over which RM's
     offload moves saved activations to host memory and back; None: no estimate of offload.
 
+    `rendezvous_wait`: devices that time-share fewer cores (virtual CPU devices: 8 threads on
+    a host's 2 cores) drift apart while they compute, as the OS scheduler runs some before
+    others, and a collective waits for its group's last member. It maps a group size to the
+    fraction of the compute since the device last took part in a collective that such a
+    collective waits beyond its link cost (a group size not listed takes the largest listed
+    below it); `partir calibrate` measures it. Empty: devices run on their own cores.
+
     `platform`: the jax platform the device runs ("cuda", "tpu", "cpu"; None: unknown). An
     estimate made without running (`partir.estimate`, the planner) lowers the program for it,
     as that device would run it: jax lowers some ops per platform (its random bits as a rolled
@@ -111,6 +118,7 @@ class HardwareSpec:
     platform: str | None = None
     cache_bytes: int = 0
     cache_bandwidth_bytes_per_s: float | None = None
+    rendezvous_wait: dict[int, float] = field(default_factory=dict)
     notes: str = ""
     # Other names people type for this spec ("a100", "A100"); matched case-insensitively.
     aliases: tuple[str, ...] = ()
@@ -200,6 +208,12 @@ class HardwareSpec:
                          max(intra.latency_s, inter.latency_s),
                          max(intra.overhead_s, inter.overhead_s))
 
+    def wait_fraction(self, group_size: int) -> float:
+        """`rendezvous_wait` for a collective over `group_size` devices (0 below the
+        smallest group listed)."""
+        listed = [g for g in self.rendezvous_wait if g <= group_size]
+        return self.rendezvous_wait[max(listed)] if listed else 0.0
+
     def with_axis_links(self, axis_links: dict[str, str]) -> HardwareSpec:
         """A copy mapping mesh axes to link classes, e.g. `a100.with_axis_links({"hosts":
         "network"})` when the "hosts" axis crosses machines."""
@@ -219,6 +233,9 @@ class HardwareSpec:
         kwargs["memory_bytes"] = int(data["memory_bytes"])
         kwargs["aliases"] = tuple(data.get("aliases", ()))
         kwargs["combined_collectives"] = tuple(data.get("combined_collectives", ()))
+        # JSON keys are strings: group sizes back to ints
+        kwargs["rendezvous_wait"] = {int(g): float(f)
+                                     for g, f in data.get("rendezvous_wait", {}).items()}
         host = data.get("host_link")
         kwargs["host_link"] = host if host is None or isinstance(host, LinkClass) else \
             LinkClass(**host)

@@ -502,3 +502,92 @@ def test_chlo_square_is_an_elementwise_op_that_fuses():
     assert "chlo.square" in [op.name for op in imported(lambda x: jnp.square(x), x).body.ops]
     assert not square.unknown_ops and square.kernels == multiply.kernels == 1
     assert square.runtime_s == pytest.approx(multiply.runtime_s)
+
+
+def _compute_then_all_reduce(axes) -> tuple[Func, Func]:
+    """(a 256x256 matmul, then an all-reduce of its result over `axes` and a second matmul
+    of that; the first matmul alone)."""
+    dims = {"dot_dimension_numbers": "#stablehlo.dot<lhs_contracting_dimensions = [1], "
+                                     "rhs_contracting_dimensions = [0]>"}
+    t = TensorType((256, 256), "f32")
+    body = Block()
+    w = body.add_arg(t)
+    first = Op("stablehlo.dot_general", [w, w], [t], dict(dims))
+    ar = mark(Op("stablehlo.all_reduce", [first.results[0]], [t]), "all_reduce", list(axes))
+    second = Op("stablehlo.dot_general", [ar.results[0], w], [t], dict(dims))
+    body.ops += [first, ar, second]
+    alone = Block()
+    w2 = alone.add_arg(t)
+    only = Op("stablehlo.dot_general", [w2, w2], [t], dict(dims))
+    alone.ops.append(only)
+    return (Func("main", body, [second.results[0]]),
+            Func("main", alone, [only.results[0]]))
+
+
+@pytest.mark.parametrize("axes, fraction", [(("M",), 0.1), (("B",), 0.3), (("B", "M"), 0.3)])
+def test_a_collective_of_devices_sharing_cores_waits_a_fraction_of_the_compute_before_it(
+        axes, fraction):
+    """`HardwareSpec.rendezvous_wait`: threads sharing cores drift apart while they compute,
+    and a collective waits for its group's last: the fraction listed for its group size (a
+    group of 8 takes the largest listed below it) of the compute since the last collective.
+    The compute after it is not charged, and a spec listing none pays nothing."""
+    shared = dataclasses.replace(HW, rendezvous_wait={2: 0.1, 4: 0.3})
+    func, before = _compute_then_all_reduce(axes)
+    plain = simulate(func, MESH, HW)
+    waited = simulate(func, MESH, shared)
+    stretch = simulate(before, MESH, HW).compute_s
+    assert stretch > 0
+    assert waited.runtime_s - plain.runtime_s == pytest.approx(fraction * stretch)
+    assert waited.communication_s - plain.communication_s == pytest.approx(fraction * stretch)
+    assert waited.compute_s == pytest.approx(plain.compute_s)
+    assert shared.wait_fraction(1) == 0.0 and shared.wait_fraction(3) == 0.1
+
+
+def test_rendezvous_waits_of_a_scanned_step_scale_with_the_fraction_and_survive_json():
+    """A data-parallel gradient of a scanned stack: its collectives wait in proportion to the
+    fraction (twice the fraction, twice the wait). The calibration file stores group sizes
+    as JSON's string keys."""
+    import json
+
+    import partir_plugin as partir
+
+    def step(w, x):
+        def layer(h, wi):
+            return jnp.tanh(h @ wi), None
+        return jax.lax.scan(layer, x, w)[0].sum()
+
+    w, x = jnp.ones((6, 64, 64)), jnp.ones((64, 64))
+    grads = jax.grad(step)
+
+    def run(waits):
+        spec = dataclasses.replace(HW, rendezvous_wait=waits)
+        return partir.estimate(grads, w, x, mesh={"B": 8},
+                               schedule=[partir.ManualPartition({"x": 0}, axis="B")],
+                               hardware=spec)
+
+    base, small, large = run({}), run({8: 0.2}), run({8: 0.4})
+    assert small.step_time_s > base.step_time_s
+    assert large.step_time_s - base.step_time_s == pytest.approx(
+        2 * (small.step_time_s - base.step_time_s))
+    spec = dataclasses.replace(HW, rendezvous_wait={2: 0.05, 8: 0.2})
+    again = HardwareSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again.rendezvous_wait == {2: 0.05, 8: 0.2} and again.wait_fraction(8) == 0.2
+
+
+def test_a_collective_in_a_loop_waits_for_the_whole_body_each_iteration():
+    """A loop whose body ends in a collective: every iteration's collective follows the
+    body's compute since the iteration before (the compute after it wraps around), so the
+    wait is the trip count x the fraction x the body's compute."""
+    func = imported(lambda v: jax.lax.fori_loop(0, 7, lambda i, v: jnp.tanh(v @ v), v),
+                    jnp.ones((64, 64)))
+    loop = next(op for op in func.ops if op.name == "stablehlo.while")
+    body = loop.regions[1].blocks[0]
+    ret = body.ops[-1]
+    i = next(j for j, v in enumerate(ret.operands) if v.type.shape == (64, 64))
+    ar = mark(Op("stablehlo.all_reduce", [ret.operands[i]], [ret.operands[i].type]),
+              "all_reduce", ["B"])
+    body.ops.insert(len(body.ops) - 1, ar)
+    ret.operands[i] = ar.results[0]
+    plain = simulate(func, MESH, HW)
+    waited = simulate(func, MESH, dataclasses.replace(HW, rendezvous_wait={4: 0.5}))
+    assert waited.runtime_s - plain.runtime_s == pytest.approx(0.5 * plain.compute_s, rel=1e-3)

@@ -10,10 +10,15 @@ memory bus, so a device's figure is what it gets while the others are busy too.
   the size the allocator maps afresh on every call) through one fused read + write;
   the same on arrays that fit a device's share of the last-level cache gives the cache's
   bandwidth, used for kernels moving at most that share (`HardwareSpec.cache_bytes`);
-- collectives: chains of a tiny `psum` over groups of two and of every device, and a `psum`
-  of a large array, fitted to the ring model t = overhead + 2(k-1) * latency + 2(k-1)/k * N /
-  bandwidth after subtracting a no-communication run (overhead: once per collective);
-- kernel overhead: a chain of tiny dependent matmuls, per link of the chain.
+- collectives: a loop whose iterations each run a small kernel and then a small `psum` over
+  groups of two or of every device (as a step runs its collectives: after compute, not
+  back to back; medians), and a `psum` of a large array, fitted to the ring model
+  t = overhead + 2(k-1) * latency + 2(k-1)/k * N / bandwidth after subtracting a
+  no-communication run (overhead: once per collective);
+- kernel overhead: a chain of tiny dependent matmuls, per link of the chain;
+- rendezvous waits, where the devices outnumber the cores: a loop of stretches of compute,
+  each followed by a small `psum` over groups of 2, 4 and every device, against the same
+  loop without it; what the psum takes beyond its link cost, per stretch of compute.
 
 On an accelerator (`--accelerator`, one device) it measures the GPU cost structure the
 simulator uses (`docs/simulator.md`): GEMMs at several sizes fitted to t = (f + half) / rate
@@ -233,12 +238,14 @@ def measure(budget_s: float, devices: int) -> dict:
     t_short = _best_time(per_device(lambda v: chained(v, 1)), tiny, budget_s=share / 2)
     overhead = max(t_long - t_short, 0.0) / (chain - 1)
 
+    link = LinkClass("host", link_bw, latency, rendezvous)
+    waits, wait_times = _rendezvous_waits(link, budget_s=share, k=k)
     spec = HardwareSpec(
         name=HOST_CPU, flops_per_s=flops,
         memory_bytes=physical_memory_bytes() // max(k, 1),
         memory_bandwidth_bytes_per_s=mem_bw,
         cache_bytes=cache_bytes, cache_bandwidth_bytes_per_s=cache_bw,
-        links={"host": LinkClass("host", link_bw, latency, rendezvous)}, default_link="host",
+        links={"host": link}, default_link="host", rendezvous_wait=waits,
         kernel_overhead_s=overhead,
         notes=f"measured by `partir calibrate` across {k} virtual CPU devices",
         **BACKEND,
@@ -250,6 +257,7 @@ def measure(budget_s: float, devices: int) -> dict:
         "stream_bytes_per_device": 4 * elems, "psum_small_s": t_small,
         "noop_small_s": t_small0, "psum_large_s": t_big,
         "psum_large_bytes_per_device": nbytes, "chain_long_s": t_long, "chain_short_s": t_short,
+        "rendezvous": wait_times,
         "seconds": round(time.perf_counter() - start, 3), "jax": jax.__version__,
         "load_average": round(load, 2), "cores": os.cpu_count(),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -257,17 +265,43 @@ def measure(budget_s: float, devices: int) -> dict:
     return data
 
 
-CHAIN = 10  # collectives in a row per timed call, so a call's dispatch is spread over them
+LOOP = 32  # iterations of the timed loop, each a small kernel and then a collective
+
+
+def _median_times(calls: list, x, budget_s: float, max_rounds: int = 40) -> list[float]:
+    """Median wall time of each of `calls` on `x`, the calls interleaved round by round (one
+    warm-up call each first), so that a drift in the host's load falls on all of them."""
+    import statistics
+
+    import jax
+
+    for fn in calls:
+        jax.block_until_ready(fn(x))
+    times: list[list[float]] = [[] for _ in calls]
+    deadline = time.perf_counter() + budget_s
+    for _ in range(max_rounds):
+        for fn, t in zip(calls, times):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            t.append(time.perf_counter() - t0)
+        if time.perf_counter() > deadline and len(times[0]) >= 5:
+            break
+    return [statistics.median(t) for t in times]
 
 
 def _collective_overhead_and_latency(latency: float, budget_s: float,
                                      k: int) -> tuple[float, float]:
-    """(per-collective overhead, per-ring-step latency) of this backend's collectives: a
-    small all-reduce over groups of two (2 ring steps) and over all k devices (2(k - 1)),
-    each the mean of a chain of `CHAIN` minus a chain of no-ops; t = overhead + steps x
+    """(per-collective overhead, per-ring-step latency) of this backend's collectives, as a
+    step runs them: a loop of `LOOP` iterations, each a small kernel and then a small
+    all-reduce over groups of two (2 ring steps) or over all k devices (2(k - 1)), minus the
+    same loop without the all-reduce; medians of interleaved calls; t = overhead + steps x
     latency. XLA:CPU's collectives rendezvous the group's threads, a cost per collective
     that the per-step latency alone charged too little for groups of two (an all-gather
-    measured 3x its estimate). With fewer than 4 devices: no overhead, `latency` as given."""
+    measured 3x its estimate). Collectives issued back to back, their threads already
+    together, cost less: measured that way (until 2026-11-28, the minimum of chains of 10
+    all-reduces), overhead and latency were 26 and 4.4 us on a host where a step's
+    collectives cost 45-60 and 6-9 (docs/simulator.md). With fewer than 4 devices: no
+    overhead, `latency` as given."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -279,19 +313,75 @@ def _collective_overhead_and_latency(latency: float, budget_s: float,
     mesh = Mesh(np.array(jax.devices("cpu")[:k]).reshape(k // 2, 2), ("rest", "pair"))
     spec = P(("rest", "pair"))
 
-    def chain(axes):
+    def loop(axes):
+        def iteration(v, _):
+            v = jnp.tanh(v) * 0.5 + 0.25  # the compute a collective follows in a step
+            return (v + jax.lax.psum(v, axes) * (1.0 / k) if axes else v), None
+
         def body(v):
-            for _ in range(CHAIN):
-                v = (jax.lax.psum(v, axes) if axes else v) * 0.5
-            return v
+            return jax.lax.scan(iteration, v, None, length=LOOP)[0]
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
-    x = jax.device_put(jnp.ones((k * 8,), jnp.float32), NamedSharding(mesh, spec))
-    base = _best_time(chain(()), x, budget_s=budget_s / 3)
-    pair = max(_best_time(chain("pair"), x, budget_s=budget_s / 3) - base, 0.0) / CHAIN
-    every = max(_best_time(chain(("rest", "pair")), x, budget_s=budget_s / 3) - base,
-                0.0) / CHAIN
-    return fit_overhead_and_latency(pair, every, k)
+    x = jax.device_put(jnp.ones((k * 1024,), jnp.float32), NamedSharding(mesh, spec))
+    base, pair, every = _median_times([loop(()), loop("pair"), loop(("rest", "pair"))], x,
+                                      budget_s)
+    return fit_overhead_and_latency(max(pair - base, 0.0) / LOOP,
+                                    max(every - base, 0.0) / LOOP, k)
+
+
+WAIT_LOOP = 8  # iterations of the timed loop, each a stretch of compute and then a collective
+STRETCH_KERNELS = 320  # small kernels per stretch: about 3 ms of 8 devices on 2 cores
+
+
+def _rendezvous_waits(link: LinkClass, budget_s: float, k: int) -> tuple[dict[int, float],
+                                                                           dict[str, float]]:
+    """`HardwareSpec.rendezvous_wait` of this host, and the raw times: for groups of 2, 4 and
+    k devices, a loop of `WAIT_LOOP` iterations, each a stretch of `STRETCH_KERNELS` small
+    kernels and then a 4 KiB `psum` over the group, against the same loop without the psum
+    (medians of interleaved calls). The wait is what the psum takes beyond its link cost, as
+    a fraction of the stretch. Threads that share cores drift apart in a stretch of a few
+    milliseconds, the scheduler's time slices, and rejoin at each collective: measured here,
+    the wait grew from a flat cost below about 2 ms of stretch to 20-35% of it for all 8
+    devices from 2.4 ms up, less for smaller groups (docs/simulator.md). With one device per
+    core no thread waits: no entries."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if k < 4 or (os.cpu_count() or k) >= k:
+        return {}, {}
+    groups = sorted({2, 4, k})
+    devices = np.array(jax.devices("cpu")[:k])
+
+    def loop(g: int | None):
+        mesh = Mesh(devices.reshape(k // (g or 2), g or 2), ("rest", "group"))
+        spec = P(("rest", "group"))
+
+        def iteration(v, _):
+            v = jax.lax.fori_loop(0, STRETCH_KERNELS, lambda i, x: jnp.tanh(x) * 0.5 + 0.25, v)
+            if g:
+                v = v.at[:1024].add(jax.lax.psum(v[:1024], "group") * (1.0 / k))
+            return v, None
+
+        def body(v):
+            return jax.lax.scan(iteration, v, None, length=WAIT_LOOP)[0]
+        fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+        return fn, jax.device_put(jnp.ones((k * 4096,), jnp.float32),
+                                  NamedSharding(mesh, spec))
+
+    built = [loop(None), *(loop(g) for g in groups)]
+    times = _median_times([lambda _, f=f, x=x: f(x) for f, x in built], None, budget_s)
+    stretch = times[0] / WAIT_LOOP
+    waits = {}
+    for g, t in zip(groups, times[1:]):
+        link_cost = (link.overhead_s + 2 * (g - 1) * link.latency_s  # the ring's all-reduce
+                     + 2 * (g - 1) / g * 4096 / link.bandwidth_bytes_per_s)
+        extra = (t - times[0]) / WAIT_LOOP - link_cost
+        waits[g] = round(max(extra, 0.0) / stretch, 4)
+    raw = {"stretch_s": stretch, **{f"psum_{g}_s": t for g, t in zip(groups, times[1:])}}
+    return waits, raw
 
 
 def fit_overhead_and_latency(pair_s: float, every_s: float, k: int) -> tuple[float, float]:

@@ -26,7 +26,8 @@ expensive branch.
 This module costs kernels; the other concepts have a module each: `fusion.py` (which values
 are fused), `timeline.py` (the two streams), `buffers.py` (buffer assignment and the memory-
 aware order), `loops.py` (trip counts), `comm.py` (collectives), `combiner.py` (XLA's
-collective combiners), `opcost.py` (per-op work),
+collective combiners), `rendezvous.py` (waits of devices sharing cores), `opcost.py` (per-op
+work),
 `costs.py` (the records they exchange).
 """
 
@@ -47,6 +48,7 @@ from .costs import BlockCost, Kernel, nbytes
 from .fusion import common_subexpressions, fused_values, splats
 from .loops import host_carries, passed_through, trip_count, unread_carries
 from .opcost import SHORT_NAMES, short_name
+from .rendezvous import charge_rendezvous_waits
 from .timeline import list_schedule, timeline_events
 
 __all__ = ["simulate", "trip_count"]
@@ -190,6 +192,7 @@ class _Analyser:
 
         kernels = _before_first_reader(kernels, copies_back, owner)
         kernels = combine_collectives(kernels, owner, self.hw, cost, self.mesh)
+        charge_rendezvous_waits(kernels, self.hw, cost, loop_body=bool(carried))
         starts: list[float] | None = [] if self.timeline else None
         cost.runtime = list_schedule(kernels, owner, self.overlap, starts)
         if starts is not None:

@@ -56,5 +56,9 @@ class BlockCost:
     unknown_trips: int = 0
     # Top level only: returned buffers that are not temporaries (arguments or constants).
     output_bytes: int = 0
+    # Whether the block has collectives, and its compute after the last one (rendezvous.py;
+    # only where the spec lists rendezvous waits).
+    synced: bool = False
+    tail_s: float = 0.0
     # The block's kernels with their starts (from 0), when a timeline was asked for.
     timeline: list[TimelineEvent] = field(default_factory=list)
