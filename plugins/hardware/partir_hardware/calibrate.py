@@ -299,9 +299,9 @@ def _collective_overhead_and_latency(latency: float, budget_s: float,
     that the per-step latency alone charged too little for groups of two (an all-gather
     measured 3x its estimate). Collectives issued back to back, their threads already
     together, cost less: measured that way (until 2026-11-28, the minimum of chains of 10
-    all-reduces), overhead and latency were 26 and 4.4 us on a host where a step's
-    collectives cost 45-60 and 6-9 (docs/simulator.md). With fewer than 4 devices: no
-    overhead, `latency` as given."""
+    all-reduces), overhead and latency were 26 and 4.4 us on a host where this loop
+    measures 33-41 and 5.9-7.2 (docs/simulator.md). With fewer than 4 devices: no overhead,
+    `latency` as given."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -341,7 +341,7 @@ def _rendezvous_waits(link: LinkClass, budget_s: float, k: int) -> tuple[dict[in
     (medians of interleaved calls). The wait is what the psum takes beyond its link cost, as
     a fraction of the stretch. Threads that share cores drift apart in a stretch of a few
     milliseconds, the scheduler's time slices, and rejoin at each collective: measured here,
-    the wait grew from a flat cost below about 2 ms of stretch to 20-35% of it for all 8
+    the wait grew from a flat cost below about 2 ms of stretch to 15-25% of it for all 8
     devices from 2.4 ms up, less for smaller groups (docs/simulator.md). With one device per
     core no thread waits: no entries."""
     import jax
