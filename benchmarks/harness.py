@@ -134,8 +134,7 @@ def interleaved_rounds(calls: list[tuple], rounds: int, block: int,
     programs drift together on a shared host (the same plan measured 99-134 ms in five runs
     of bench-plan), so a comparison should pair rounds (`faster_in_rounds`), not runs."""
     import random
-
-    import jax
+    import statistics
 
     order = list(range(len(calls)))
     rng = random.Random(seed)
@@ -143,14 +142,7 @@ def interleaved_rounds(calls: list[tuple], rounds: int, block: int,
     for _ in range(rounds):
         rng.shuffle(order)
         for i in order:
-            fn, args = calls[i]
-            jax.block_until_ready(fn(*args))
-            times = []
-            for _ in range(block):
-                start = time.perf_counter()
-                jax.block_until_ready(fn(*args))
-                times.append(time.perf_counter() - start)
-            medians[i].append(sorted(times)[len(times) // 2])
+            medians[i].append(statistics.median(step_times(*calls[i], runs=block)))
     return medians
 
 
