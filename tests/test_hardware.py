@@ -74,10 +74,19 @@ def test_calibrate_writes_a_spec_the_plugin_loads(tmp_path, monkeypatch):
         assert data["cache_bytes"] == calibrate.last_level_cache_bytes() // 4
     else:
         assert data["cache_bandwidth_bytes_per_s"] is None
+    # Rendezvous waits where the 4 devices outnumber the cores (groups of 2 and 4), none
+    # where each has a core of its own; group sizes come back as ints.
+    shared = (os.cpu_count() or 4) < 4
+    assert set(data["rendezvous_wait"]) == ({"2", "4"} if shared else set())
+    assert all(f >= 0 for f in data["rendezvous_wait"].values())
+    if shared:
+        raw = data["measurements"]["rendezvous"]
+        assert raw["stretch_s"] > 0 and raw["psum_4_s"] > 0
     monkeypatch.setenv(CALIBRATION_ENV, str(out))
     spec = manager.hardware_specs()["host-cpu"]
     assert spec.flops_per_s["f32"] == pytest.approx(data["flops_per_s"]["f32"])
     assert "measured" in spec.notes
+    assert spec.rendezvous_wait == {int(g): f for g, f in data["rendezvous_wait"].items()}
 
 
 def test_collective_overhead_and_latency_fit():
