@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -268,21 +269,22 @@ def measure(budget_s: float, devices: int) -> dict:
 LOOP = 32  # iterations of the timed loop, each a small kernel and then a collective
 
 
-def _median_times(calls: list, x, budget_s: float, max_rounds: int = 40) -> list[float]:
-    """Median wall time of each of `calls` on `x`, the calls interleaved round by round (one
-    warm-up call each first), so that a drift in the host's load falls on all of them."""
+def _median_times(calls: list, budget_s: float, max_rounds: int = 40) -> list[float]:
+    """Median wall time of each of `calls` (no arguments), the calls interleaved round by
+    round (one warm-up call each first), so that a drift in the host's load falls on all of
+    them."""
     import statistics
 
     import jax
 
-    for fn in calls:
-        jax.block_until_ready(fn(x))
+    for call in calls:
+        jax.block_until_ready(call())
     times: list[list[float]] = [[] for _ in calls]
     deadline = time.perf_counter() + budget_s
     for _ in range(max_rounds):
-        for fn, t in zip(calls, times):
+        for call, t in zip(calls, times):
             t0 = time.perf_counter()
-            jax.block_until_ready(fn(x))
+            jax.block_until_ready(call())
             t.append(time.perf_counter() - t0)
         if time.perf_counter() > deadline and len(times[0]) >= 5:
             break
@@ -323,8 +325,8 @@ def _collective_overhead_and_latency(latency: float, budget_s: float,
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
     x = jax.device_put(jnp.ones((k * 1024,), jnp.float32), NamedSharding(mesh, spec))
-    base, pair, every = _median_times([loop(()), loop("pair"), loop(("rest", "pair"))], x,
-                                      budget_s)
+    base, pair, every = _median_times(
+        [functools.partial(loop(axes), x) for axes in ((), "pair", ("rest", "pair"))], budget_s)
     return fit_overhead_and_latency(max(pair - base, 0.0) / LOOP,
                                     max(every - base, 0.0) / LOOP, k)
 
@@ -372,7 +374,7 @@ def _rendezvous_waits(link: LinkClass, budget_s: float, k: int) -> tuple[dict[in
                                   NamedSharding(mesh, spec))
 
     built = [loop(None), *(loop(g) for g in groups)]
-    times = _median_times([lambda _, f=f, x=x: f(x) for f, x in built], None, budget_s)
+    times = _median_times([functools.partial(f, x) for f, x in built], budget_s)
     stretch = times[0] / WAIT_LOOP
     waits = {}
     for g, t in zip(groups, times[1:]):
