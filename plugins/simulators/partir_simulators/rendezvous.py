@@ -6,8 +6,8 @@ scheduler runs some ahead of others, so they reach a collective apart, and the c
 starts when the last member of its group arrives. The further they computed since they last
 met, the further apart they are: the wait is a fraction of the compute since the device's
 previous collective, larger for larger groups (`HardwareSpec.rendezvous_wait`, measured by
-`partir calibrate`: 14-21% of the stretch for all 8 devices of this project's 2-core host,
-0-6% for smaller groups, where the link cost of a small collective is 35-90 us). Devices
+`partir calibrate`: 14-22% of the stretch for all 8 devices of this project's 2-core host,
+0-15% for smaller groups, where the link cost of a small collective is 35-90 us). Devices
 with cores of their own (every accelerator spec) list no waits and pay none.
 
 The stretch is counted in program order: the compute kernels since the last collective; a
