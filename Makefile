@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test test-all test-fast lint bench-redistribution bench-step-time bench-paper-counts \
 	bench-partition-time bench-shard-map-toll bench-autopart bench-context-parallel \
 	bench-pipeline bench-plan bench-plan-scale bench-megatron bench-megatron-rankings \
-	bench-memory-estimates clean
+	bench-memory-estimates bench-host-collectives clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,9 @@ bench-plan-scale: $(STAMP)
 
 bench-memory-estimates: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/memory_estimates.py
+
+bench-host-collectives: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python benchmarks/host_collectives.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
