@@ -383,6 +383,8 @@ def section(rows: list[Row], s: dict, spec_line: str, runs: int) -> str:
         "themselves vary by 10-30% between runs, which limits the correlation that can be "
         "observed.",
         "",
+        harness.ANALYSIS_MARKER,
+        "",
     ]
     return "\n".join(lines)
 
