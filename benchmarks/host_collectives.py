@@ -1,8 +1,8 @@
 """What collectives cost on 8 virtual CPU devices that share the host's cores, against what
-the host-cpu spec charges: why the MoE's plans rank differently here than estimated (issue 38).
+the host-cpu spec charges: why ZeRO plans rank differently here than estimated (issue 38).
 
     make bench-host-collectives   (runs COMMAND below)
-    options: --rounds 20 --block 3 --kernels 160 --skip-moe --no-write
+    options: --rounds 20 --block 3 --kernels 160 --families moe transformer --no-write
 
 Part 1, patterns. A scanned loop of 16 iterations on a {data: 2, expert: 4} mesh (the MoE's
 best mesh); each iteration is one or two stretches of `--kernels` small elementwise kernels,
@@ -12,10 +12,12 @@ the same loop without psums. The charge is the spec's: per psum its link cost (t
 model) plus `rendezvous_wait` of its group times the stretch right before it (nothing for a
 psum right after another).
 
-Part 2, the MoE's ZeRO. The scanned MoE of bench-plan (4 layers, 4 experts, d_model 64) on
-{data: 2, expert: 4} with BP and EP, without ZeRO and with Z2 or Z3 on data, three ways: the
-loss alone, loss and gradients, the Adam step. Estimated by `partir.estimate` on host-cpu,
-measured through `partir.jit`; CPU is the process's user + sys time per step (getrusage).
+Part 2, ZeRO on two families, each on the mesh of its best plan in bench-plan: the scanned
+MoE (4 layers, 4 experts, d_model 64) on {data: 2, expert: 4} with BP and EP, and the scanned
+transformer (8 layers, d_model 128) on {data: 4, model: 2} with BP and MP; each without ZeRO
+and with Z2 or Z3 on data, three ways: the loss alone, loss and gradients, the Adam step.
+Estimated by `partir.estimate` on host-cpu, measured through `partir.jit`; CPU is the
+process's user + sys time per step (getrusage, in the same rounds).
 
 Timing: `harness.interleaved_rounds` (every program once per round, in a fresh random order),
 medians over rounds. The host drifts by tens of percent within minutes; only differences
@@ -54,6 +56,7 @@ class PatternRow:
 
 @dataclasses.dataclass
 class StepRow:
+    family: str
     step: str
     schedule: str
     estimated_s: float
@@ -124,24 +127,49 @@ def measure_patterns(kernels: int, rounds: int, block: int, spec) -> tuple[list[
     return rows, stretch
 
 
-def moe_steps():
-    """name -> step function of (params, opt_state, batch), for the bench-plan MoE."""
-    import jax
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model of bench-plan, on the mesh of its best plan there, with its tactics there."""
 
-    from partir_plugin.models import common, moe
-    config = dataclasses.replace(moe.Config(layers=4, scan=True), batch=16, seq_len=32,
-                                 vocab=256, d_model=64, heads=4, head_dim=16, ffw=128, experts=4)
+    mesh: dict
+    plain: str  # the schedule's label without ZeRO
 
-    def loss(params, opt_state, batch):
-        return moe.loss_fn(config, params, batch)
+    def steps(self, name: str) -> tuple[dict, tuple, list]:
+        """(step name -> step function of (params, opt_state, batch), the arguments, the
+        schedule without ZeRO)."""
+        import jax
+        from partir_tactics import batch_parallel, expert_parallel, model_parallel
 
-    def grads(params, opt_state, batch):
-        value, g = jax.value_and_grad(lambda p: moe.loss_fn(config, p, batch))(params)
-        return g, value
+        from partir_plugin.models import common, megatron, moe, transformer
 
-    steps = {"loss": loss, "loss + grads": grads,
-             "Adam step": common.adam_train_step(config, moe.loss_fn)}
-    return steps, moe.init(config, jax.random.PRNGKey(0))
+        if name == "moe":
+            module = moe
+            config = dataclasses.replace(moe.Config(layers=4, scan=True), batch=16, seq_len=32,
+                                         vocab=256, d_model=64, heads=4, head_dim=16, ffw=128,
+                                         experts=4)
+            second = expert_parallel(megatron.expert_rule, "expert")
+        else:
+            module = transformer
+            config = dataclasses.replace(transformer.Config.small(layers=8, scan=True),
+                                         batch=16, seq_len=32, vocab=256, d_model=128, heads=4,
+                                         head_dim=32, ffw=512)
+            second = model_parallel(megatron.transformer_rule, "model")
+
+        def loss(params, opt_state, batch):
+            return module.loss_fn(config, params, batch)
+
+        def grads(params, opt_state, batch):
+            value, g = jax.value_and_grad(lambda p: module.loss_fn(config, p, batch))(params)
+            return g, value
+
+        steps = {"loss": loss, "loss + grads": grads,
+                 "Adam step": common.adam_train_step(config, module.loss_fn)}
+        args = module.init(config, jax.random.PRNGKey(0))
+        return steps, args, [batch_parallel("data"), second]
+
+
+FAMILIES = {"moe": Family({"data": 2, "expert": 4}, "BP EP"),
+            "transformer": Family({"data": 4, "model": 2}, "BP MP")}
 
 
 class CpuTimed:
@@ -168,36 +196,37 @@ def timed_rounds(calls: list[tuple], rounds: int, block: int) -> list[tuple[floa
     return [(statistics.median(w), statistics.median(t.cpu_s)) for w, (t, _) in zip(walls, timed)]
 
 
-def measure_moe(rounds: int, block: int) -> list[StepRow]:
+def measure_zero(family: str, rounds: int, block: int) -> list[StepRow]:
+    """Each step of `family` without ZeRO, with Z2 and with Z3 on data: estimated and
+    measured (wall and CPU in the same rounds)."""
     import jax
-    from partir_tactics import batch_parallel, expert_parallel, zero2, zero3
+    from partir_tactics import zero2, zero3
 
     import partir_plugin as partir
-    from partir_plugin.models import megatron
 
-    base = [batch_parallel("data"), expert_parallel(megatron.expert_rule, "expert")]
-    schedules = {"BP EP": base, "BP EP Z2": [*base, zero2("data")],
-                 "BP EP Z3": [*base, zero3("data")]}
-    steps, args = moe_steps()
+    fam = FAMILIES[family]
+    steps, args, base = fam.steps(family)
+    schedules = {fam.plain: base, f"{fam.plain} Z2": [*base, zero2("data")],
+                 f"{fam.plain} Z3": [*base, zero3("data")]}
     rows, calls = [], []
     for name, fn in steps.items():
         for label, schedule in schedules.items():
-            estimate = partir.estimate(fn, *args, mesh=MESH, schedule=schedule,
+            estimate = partir.estimate(fn, *args, mesh=fam.mesh, schedule=schedule,
                                        hardware="host-cpu")
             harness.fresh()
-            step, meta = partir.jit(fn, MESH, schedule)
+            step, meta = partir.jit(fn, fam.mesh, schedule)
             jax.block_until_ready(step(*args))
             calls.append((step, harness.placed(args, meta)))
-            rows.append(StepRow(name, label, estimate.step_time_s, 0.0, 0.0))
+            rows.append(StepRow(family, name, label, estimate.step_time_s, 0.0, 0.0))
     for row, (wall, cpu) in zip(rows, timed_rounds(calls, rounds, block)):
         row.measured_s, row.cpu_s = wall, cpu
-        print(f"  {row.step:14s} {row.schedule:10s} est {row.estimated_s * 1e3:6.2f} ms  "
-              f"measured {row.measured_s * 1e3:6.2f} ms  cpu {row.cpu_s * 1e3:6.2f} ms",
+        print(f"  {family:11s} {row.step:12s} {row.schedule:9s} est {row.estimated_s * 1e3:7.2f}"
+              f" ms  measured {row.measured_s * 1e3:7.2f} ms  cpu {row.cpu_s * 1e3:7.2f} ms",
               flush=True)
     return rows
 
 
-def section(patterns: list[PatternRow], stretch: dict[int, float], moe: list[StepRow], spec,
+def section(patterns: list[PatternRow], stretch: dict[int, float], zero: list[StepRow], spec,
             args, total_s: float) -> str:
     from partir_plugin.report.text import fmt_time
 
@@ -220,18 +249,19 @@ def section(patterns: list[PatternRow], stretch: dict[int, float], moe: list[Ste
         ratio = f"{r.charged_s / r.measured_s:.2f}" if r.measured_s > 0 else "-"
         lines.append(f"| {r.pattern} | {r.measured_s * 1e6:.0f} us | {r.charged_s * 1e6:.0f} us "
                      f"| {ratio} | {r.cpu_s * 1e6:.0f} us |")
-    lines += ["", "**The MoE's ZeRO** on {data: 2, expert: 4}: estimated (host-cpu) against "
-              "measured step, and CPU (user + sys of all threads) per step; each relative to "
-              "the same step without ZeRO.", "",
-              "| step | schedule | est. step | measured step | CPU per step | est. - without "
-              "ZeRO | measured - without ZeRO | CPU - without ZeRO |",
-              "|---|---|---|---|---|---|---|---|"]
-    plain = {r.step: r for r in moe if r.schedule == "BP EP"}
-    for r in moe:
-        p = plain[r.step]
-        lines.append(f"| {r.step} | {r.schedule} | {fmt_time(r.estimated_s)} | "
-                     f"{fmt_time(r.measured_s)} | {fmt_time(r.cpu_s)} | "
-                     f"{(r.estimated_s - p.estimated_s) * 1e3:+.2f} ms | "
+    lines += ["", "**ZeRO on two families**, each on the mesh of its best plan in bench-plan: "
+              "estimated (host-cpu) against measured step, and CPU (user + sys of all threads) "
+              "per step; the last three columns relative to the same step without ZeRO.", "",
+              "| family | mesh | step | schedule | est. step | measured step | CPU per step | "
+              "est. - without ZeRO | measured - without ZeRO | CPU - without ZeRO |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    plain = {(r.family, r.step): r for r in zero
+             if r.schedule == FAMILIES[r.family].plain}
+    for r in zero:
+        p = plain[r.family, r.step]
+        lines.append(f"| {r.family} | {FAMILIES[r.family].mesh} | {r.step} | {r.schedule} | "
+                     f"{fmt_time(r.estimated_s)} | {fmt_time(r.measured_s)} | "
+                     f"{fmt_time(r.cpu_s)} | {(r.estimated_s - p.estimated_s) * 1e3:+.2f} ms | "
                      f"{(r.measured_s - p.measured_s) * 1e3:+.2f} ms | "
                      f"{(r.cpu_s - p.cpu_s) * 1e3:+.2f} ms |")
     lines += ["", harness.ANALYSIS_MARKER, ""]
@@ -243,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--block", type=int, default=3)
     parser.add_argument("--kernels", type=int, default=160)
-    parser.add_argument("--skip-moe", action="store_true")
+    parser.add_argument("--families", nargs="*", choices=list(FAMILIES),
+                        default=list(FAMILIES), help="part 2's models (none: patterns only)")
     harness.add_output_args(parser)
     args = parser.parse_args(argv)
     if not harness.has_devices(8):
@@ -256,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in patterns:
         print(f"  {r.pattern:10s} measured {r.measured_s * 1e6:7.1f} us  charged "
               f"{r.charged_s * 1e6:7.1f} us  cpu {r.cpu_s * 1e6:7.1f} us", flush=True)
-    moe = [] if args.skip_moe else measure_moe(args.rounds, args.block)
-    text = section(patterns, stretch, moe, spec, args, time.perf_counter() - t0)
+    zero = [row for family in args.families
+            for row in measure_zero(family, args.rounds, args.block)]
+    text = section(patterns, stretch, zero, spec, args, time.perf_counter() - t0)
     harness.publish(HEADING, text, args.output, write=not args.no_write)
     return 0
 

@@ -42,7 +42,7 @@ def test_charge_is_the_link_and_the_own_groups_wait_on_the_stretch_before():
 def test_patterns_run_and_write_their_section(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     assert host_collectives.main(["--rounds", "1", "--block", "1", "--kernels", "4",
-                                  "--skip-moe", "--output", str(out)]) == 0
+                                  "--families", "--output", str(out)]) == 0
     text = out.read_text()
     assert host_collectives.HEADING in text
     rows = [line for line in text.splitlines() if line.startswith("| S ")]
