@@ -72,8 +72,8 @@ def _pattern_loop(pattern: str, kernels: int):
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("data", "expert"))
-    spec = P(("data", "expert"))
+    mesh = Mesh(np.array(jax.devices("cpu")[:8]).reshape(*MESH.values()), tuple(MESH))
+    spec = P(tuple(MESH))
 
     def iteration(v, _):
         for token in pattern.split():
@@ -129,31 +129,27 @@ def measure_patterns(kernels: int, rounds: int, block: int, spec) -> tuple[list[
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A model of bench-plan, on the mesh of its best plan there, with its tactics there."""
+    """A model of bench-plan (`plan.model_configs`), on the mesh of its best plan there, with
+    the tactics of that plan but ZeRO."""
 
+    name: str  # "moe" or "transformer"
     mesh: dict
     plain: str  # the schedule's label without ZeRO
 
-    def steps(self, name: str) -> tuple[dict, tuple, list]:
+    def steps(self) -> tuple[dict, tuple, list]:
         """(step name -> step function of (params, opt_state, batch), the arguments, the
         schedule without ZeRO)."""
         import jax
         from partir_tactics import batch_parallel, expert_parallel, model_parallel
+        from plan import model_configs
 
         from partir_plugin.models import common, megatron, moe, transformer
 
-        if name == "moe":
-            module = moe
-            config = dataclasses.replace(moe.Config(layers=4, scan=True), batch=16, seq_len=32,
-                                         vocab=256, d_model=64, heads=4, head_dim=16, ffw=128,
-                                         experts=4)
-            second = expert_parallel(megatron.expert_rule, "expert")
+        config = model_configs()[self.name]
+        if self.name == "moe":
+            module, second = moe, expert_parallel(megatron.expert_rule, "expert")
         else:
-            module = transformer
-            config = dataclasses.replace(transformer.Config.small(layers=8, scan=True),
-                                         batch=16, seq_len=32, vocab=256, d_model=128, heads=4,
-                                         head_dim=32, ffw=512)
-            second = model_parallel(megatron.transformer_rule, "model")
+            module, second = transformer, model_parallel(megatron.transformer_rule, "model")
 
         def loss(params, opt_state, batch):
             return module.loss_fn(config, params, batch)
@@ -168,8 +164,8 @@ class Family:
         return steps, args, [batch_parallel("data"), second]
 
 
-FAMILIES = {"moe": Family({"data": 2, "expert": 4}, "BP EP"),
-            "transformer": Family({"data": 4, "model": 2}, "BP MP")}
+FAMILIES = {f.name: f for f in (Family("moe", {"data": 2, "expert": 4}, "BP EP"),
+                                Family("transformer", {"data": 4, "model": 2}, "BP MP"))}
 
 
 class CpuTimed:
@@ -205,7 +201,7 @@ def measure_zero(family: str, rounds: int, block: int) -> list[StepRow]:
     import partir_plugin as partir
 
     fam = FAMILIES[family]
-    steps, args, base = fam.steps(family)
+    steps, args, base = fam.steps()
     schedules = {fam.plain: base, f"{fam.plain} Z2": [*base, zero2("data")],
                  f"{fam.plain} Z3": [*base, zero3("data")]}
     rows, calls = [], []

@@ -34,17 +34,28 @@ COMMAND = ("XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python 
 HEADING = "## partir.plan on 8 CPU devices: estimated against measured (issue 38)"
 
 
+def model_configs() -> dict:
+    """name -> the model's config (benchmarks/host_collectives.py measures the same two)."""
+    from partir_plugin.models import moe, transformer
+
+    return {
+        "transformer": dataclasses.replace(transformer.Config.small(layers=8, scan=True),
+                                           batch=16, seq_len=32, vocab=256, d_model=128,
+                                           heads=4, head_dim=32, ffw=512),
+        "moe": dataclasses.replace(moe.Config(layers=4, scan=True), batch=16, seq_len=32,
+                                   vocab=256, d_model=64, heads=4, head_dim=16, ffw=128,
+                                   experts=4),
+    }
+
+
 def workloads() -> dict[str, tuple]:
     """name -> (step, args, plan keywords)."""
     import jax
 
     from partir_plugin.models import megatron, moe, transformer
 
-    t = dataclasses.replace(transformer.Config.small(layers=8, scan=True), batch=16,
-                            seq_len=32, vocab=256, d_model=128, heads=4, head_dim=32,
-                            ffw=512)
-    m = dataclasses.replace(moe.Config(layers=4, scan=True), batch=16, seq_len=32, vocab=256,
-                            d_model=64, heads=4, head_dim=16, ffw=128, experts=4)
+    configs = model_configs()
+    t, m = configs["transformer"], configs["moe"]
     return {
         "transformer": (transformer.make_train_step(t), transformer.init(t, jax.random.PRNGKey(0)),
                         {"model_rule": megatron.transformer_rule}),
