@@ -92,7 +92,10 @@ def _pattern_loop(pattern: str, kernels: int):
 
 def charge(pattern: str, stretch_s: float, spec) -> float:
     """What the spec charges per iteration: each psum's link cost, and its group's rendezvous
-    wait on the stretch right before it (none when it follows another psum)."""
+    wait on the stretch right before it (none when it follows another psum). This restates
+    `partir_simulators.rendezvous` for a loop of measured stretches: the simulator cannot read
+    these loops itself, since a shard_map lowers to `sdy.manual_computation`, an op it has no
+    cost for."""
     from partir_simulators.comm import ring_time
 
     total, since = 0.0, 0.0
@@ -199,6 +202,7 @@ def measure_zero(family: str, rounds: int, block: int) -> list[StepRow]:
     from partir_tactics import zero2, zero3
 
     import partir_plugin as partir
+    from partir_plugin.estimation import Estimator
 
     fam = FAMILIES[family]
     steps, args, base = fam.steps()
@@ -206,9 +210,9 @@ def measure_zero(family: str, rounds: int, block: int) -> list[StepRow]:
                  f"{fam.plain} Z3": [*base, zero3("data")]}
     rows, calls = [], []
     for name, fn in steps.items():
+        estimator = Estimator(fn, args, "host-cpu")  # one trace for the three schedules
         for label, schedule in schedules.items():
-            estimate = partir.estimate(fn, *args, mesh=fam.mesh, schedule=schedule,
-                                       hardware="host-cpu")
+            estimate = estimator.estimate(fam.mesh, schedule)
             harness.fresh()
             step, meta = partir.jit(fn, fam.mesh, schedule)
             jax.block_until_ready(step(*args))
