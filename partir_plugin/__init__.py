@@ -22,7 +22,7 @@ _EXPORTS = {
     "UNKNOWN": "tactics.manual", "Regather": "spmd.rules.regather",
     "Metadata": "report.metadata", "TacticReport": "report.tactic_report",
     "PartitionError": "errors", "InputMismatchError": "errors",
-    "UnevenOutputWarning": "errors",
+    "UnevenOutputWarning": "errors", "EstimateWarning": "errors",
     "PartitionWarning": "tactics.manual", "Budget": "tactics.automatic",
     "SearchResult": "tactics.automatic", "Decision": "tactics.automatic",
     "DecisionKind": "tactics.automatic", "FrozenPartition": "tactics.automatic",

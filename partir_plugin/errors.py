@@ -14,6 +14,12 @@ class UnevenOutputWarning(UserWarning):
     (`partir.jit(..., uneven_outputs="replicate")`)."""
 
 
+class EstimateWarning(UserWarning):
+    """An estimate that leaves part of the step uncosted: ops the simulator has no cost for
+    (charged their memory traffic only) or loops whose trip count it cannot read (counted
+    once). The estimate is then a lower bound, and plans compared by it may rank wrong."""
+
+
 class PluginError(RuntimeError):
     """Plugins that cannot be loaded together: a misspelled hook implementation, or two
     plugins contributing the same name (the message names both)."""

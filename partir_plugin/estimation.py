@@ -11,6 +11,7 @@ traces again only where a schedule's trace hooks change the program (PP, RM).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from ._gc import gc_paused
 from .core.mesh import Mesh
 from .cost import HardwareSpec, SimulationResult
-from .errors import PartitionError
+from .errors import EstimateWarning, PartitionError
 from .frontend.trace import Traced, trace
 from .options import PartitionOptions
 from .plugin.resolve import resolve_hardware_option
@@ -119,6 +120,7 @@ class Estimator:
         # trace key -> (the trace, the hooked schedule entries it was traced with)
         self._traces: dict[tuple, tuple[Traced, list]] = {}
         self.traces_made = 0
+        self._warned = False  # of an uncosted part (`EstimateWarning`)
 
     def traced(self, mesh: Mesh, schedule: Sequence) -> tuple[Traced, list]:
         """A trace for `schedule` on `mesh`, and the schedule to partition it with (hooked
@@ -148,12 +150,30 @@ class Estimator:
             result = simulate_program(part.program, self.hardware)
         if result is None:
             raise PartitionError("estimate: no simulator plugin is installed")
+        self._warn_uncosted(result)
         rows: Sequence[TacticReport] = part.reports if schedule else TacticReports(
             [], self.hardware)
         return Estimate(result.runtime_s, result.peak_memory_bytes, result.flops,
                         result.collective_counts, result.compute_s, result.communication_s,
                         dict(mesh.shape), self.hardware.name, self.hardware.memory_bytes,
                         rows, result)
+
+
+    def _warn_uncosted(self, result: SimulationResult) -> None:
+        """Warn once per step (a planner estimates it many times) where the simulator left
+        part of the program uncosted."""
+        missing = []
+        if result.unknown_ops:
+            missing.append(f"ops it has no cost for ({', '.join(result.unknown_ops)}; charged "
+                           "their memory traffic only)")
+        if result.unknown_trip_counts:
+            missing.append(f"{result.unknown_trip_counts} loop(s) whose trip count it cannot "
+                           "read (counted once)")
+        if missing and not self._warned:
+            self._warned = True
+            warnings.warn(f"estimate on {result.hardware!r}: the step has "
+                          f"{' and '.join(missing)}; the estimate is a lower bound",
+                          EstimateWarning, stacklevel=4)
 
 
 def estimate(fn, *args, mesh, schedule: Sequence = (), hardware: HardwareSpec | str | None = None,

@@ -68,3 +68,99 @@ def test_same_axis_twice_on_one_value():
     with pytest.raises(partir.PartitionError, match="already tiled on axis 'B'"):
         _lower([partir.ManualPartition({"w1": 0}, axis="B"),
                 partir.ManualPartition({"w1": 1}, axis="B")])
+
+
+def _calls_shard_map(x, w):
+    """A step with a hand-partitioned part: jax.shard_map over the whole mesh."""
+    import jax
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+    def local(x, w):  # one device's shards: x[128, 128], w[128, 256]
+        return jax.lax.psum(x @ w, "model")
+
+    y = jax.shard_map(local, mesh=mesh, in_specs=(P("data", "model"), P("model", None)),
+                      out_specs=P("data", None))(x, w)
+    return (y * y).sum()
+
+
+@pytest.mark.parametrize("entry", ["jit", "estimate", "plan"])
+def test_a_step_calling_shard_map_is_refused_naming_the_line(entry):
+    """Its body computes on one device's shapes with collectives over the mesh. Partitioned
+    as logical code it crashed (MLIR: 'sdy.return' must be the last operation), and an
+    estimate left it out (a cost of 12 us for a 33 MFLOP matmul and an all-reduce)."""
+    import jax
+
+    args = (np.ones((256, 512), np.float32), np.ones((512, 256), np.float32))
+    ref = jax.jit(_calls_shard_map)(*args)  # jax runs it: the step is valid
+    assert np.isfinite(ref)
+    with pytest.raises(partir.PartitionError,
+                       match=r"calls jax.shard_map at .*test_errors.py:\d+.*per device"):
+        if entry == "jit":
+            partir.jit(_calls_shard_map, {"data": 2, "model": 4}, [])[0](*args)
+        elif entry == "estimate":
+            partir.estimate(_calls_shard_map, *args, mesh={"data": 2, "model": 4},
+                            hardware="a100-80gb")
+        else:
+            partir.plan(_calls_shard_map, *args, devices=8, hardware="a100-80gb", seconds=5)
+
+
+def test_a_module_entering_a_manual_region_by_custom_call_is_refused():
+    """Without Shardy, jax writes a shard_map as custom calls around a body of local shapes
+    (@SPMDFullToShardShape ... @SPMDShardToFullShape): refused as well."""
+    import jax
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from partir_plugin.frontend.trace import Traced
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+    def g(x):
+        return jax.shard_map(lambda x: jax.lax.psum(x, "model"), mesh=mesh,
+                             in_specs=P("data", "model"), out_specs=P("data", None))(x)
+
+    before = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        text = jax.jit(g).lower(np.ones((8, 8), np.float32)).as_text()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", before)
+    assert "SPMDFullToShardShape" in text
+    with pytest.raises(partir.PartitionError, match="calls jax.shard_map"):
+        Traced.from_stablehlo(text)
+
+
+def test_an_estimate_with_ops_it_cannot_cost_warns_once_and_still_partitions():
+    """chlo.top_k and a LAPACK custom call (cholesky) have no cost in the simulator: the
+    estimate says it is a lower bound (once per step, though a planner estimates it many
+    times), and another custom call is not taken for a shard_map."""
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+
+    def step(x):
+        c = jnp.linalg.cholesky(x @ x.T + 64 * jnp.eye(64))
+        return jax.lax.top_k(c, 4)[0].sum()
+
+    x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    est = partir_estimator(step, x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = est.estimate({"d": 2})
+        est.estimate({"d": 4})
+    found = [w for w in caught if issubclass(w.category, partir.EstimateWarning)]
+    assert len(found) == 1, [str(w.message) for w in caught]
+    message = str(found[0].message)
+    assert "chlo.top_k" in message and "stablehlo.custom_call" in message
+    assert "lower bound" in message
+    assert first.simulation.unknown_ops == ["chlo.top_k", "stablehlo.custom_call"]
+
+
+def partir_estimator(fn, *args):
+    from partir_plugin.estimation import Estimator
+
+    return Estimator(fn, args, "a100-80gb")

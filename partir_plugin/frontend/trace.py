@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core.actions import Leaf
 from ..errors import PartitionError
-from ..ir.graph import Func
+from ..ir.graph import Func, walk
 from ..ir.importer import import_lowered, import_stablehlo
 from ..ir.locations import kernel_path_prefixes
 from ..tactics.base import Tactic, as_tactic
@@ -86,6 +86,7 @@ class Traced:
         """A StableHLO module's `entry` (text or bytecode), its arguments named `arg_names`
         (default arg0, arg1, ...). No jax trace: no tactic's trace hook runs."""
         func = import_stablehlo(source, entry)
+        refuse_manual_code(func)
         names = list(arg_names) if arg_names is not None else [
             f"arg{i}" for i in range(len(func.args))]
         if len(names) != len(func.args):
@@ -96,6 +97,31 @@ class Traced:
         func.arg_names = list(names)
         return cls(func, [Leaf(n, "", v) for n, v in zip(names, func.args)], names,
                    None, None, [])
+
+
+# How jax writes a `shard_map` body: Shardy's manual computation, or (without Shardy) the
+# custom calls that enter and leave it.
+MANUAL_COMPUTATION = "sdy.manual_computation"
+MANUAL_CUSTOM_CALLS = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+
+
+def refuse_manual_code(func: Func) -> None:
+    """Fail, naming the line, where the program holds code already written per device (a
+    `jax.shard_map`). Its body has the shapes of one device's shards and collectives over
+    the mesh; partir partitions the logical program, and has no rule that would place such a
+    body (its operands tiled as its in_specs say), so lowering it would compute on the wrong
+    shapes. An estimate would leave it out (the simulator has no cost for it)."""
+    for op in walk(func.ops):
+        target = op.attributes.get("call_target_name", "")
+        if op.name == MANUAL_COMPUTATION or (
+                op.name == "stablehlo.custom_call"
+                and any(name in target for name in MANUAL_CUSTOM_CALLS)):
+            raise PartitionError(
+                f"the step calls jax.shard_map at {op.where}: its body is written per device, "
+                "and partir_plugin partitions a step from its logical program (it has no rule "
+                "for a body already partitioned by hand). Write that part without shard_map "
+                "and let a tactic partition it, or call the shard_map outside the partitioned "
+                "step.")
 
 
 def aval_key(x) -> tuple:
@@ -164,6 +190,7 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
         traced_fn = (lambda *a: fn(*a)) if hooks else fn
         lowered = _lower(jax.jit(traced_fn, keep_unused=True).trace(*abstract), platform)
     func = import_lowered(lowered)
+    refuse_manual_code(func)
     leaves: list[Leaf] = []
     flat_in = []
     for name, arg in zip(names, abstract):

@@ -81,6 +81,19 @@ class Op:
         self._location = value
 
     @property
+    def where(self) -> str:
+        """The op's name stack and the user's line that wrote it, as far as they are known
+        (for messages)."""
+        where = self.location or "an unknown location"
+        if self.mlir_location is not None:
+            from .locations import parse_location
+
+            source = parse_location(self.mlir_location).source
+            if source is not None:
+                where += f" ({source})"
+        return where
+
+    @property
     def inputs(self) -> list[Value]:
         """Explicit operands followed by implicitly captured values."""
         return self.operands + self.captures if self.captures else self.operands

@@ -19,7 +19,6 @@ from ...core.rules.halo import Halo, HaloEntry, HaloRows, no_halo_reason, window
 from ...ir.attributes import format_padding, i64_array, parse_i64_array, parse_padding
 from ...ir.dialect import PADDED_SCATTER_OP
 from ...ir.graph import Op, Region, Value
-from ...ir.locations import parse_location
 from ...ir.opsets import UNHALOED_OPS, WINDOWED_OPS
 from ...ir.passes.padded_scatter import WINDOW_ATTRS
 from ...ir.types import TensorType
@@ -155,7 +154,7 @@ def lower_padded_scatter(em: Emitter, op: Op, nest: Nest, operands: list[Value],
 
 def _wide(op: Op, dim: int, rows: HaloRows, axes, k: int) -> HaloWarning:
     return HaloWarning(
-        f"{op.name} at {_where(op)}: its window needs {rows.left} rows before and "
+        f"{op.name} at {op.where}: its window needs {rows.left} rows before and "
         f"{rows.right} after a tile of {rows.n} along dimension {dim} (tiled {k} ways over "
         f"{', '.join(axes)}), more than a neighbour holds; gathering that dimension instead "
         f"of a halo exchange")
@@ -172,20 +171,10 @@ def gathered_windows(op: Op, have: list[Layout], wanted: tuple[Layout, ...]
             gathered = [a for a in have[i].dims[d] if a not in wanted[i].dims[d]]
             if gathered:
                 found.append(HaloWarning(
-                    f"{op.name} at {_where(op)}: dimension {d} of operand {i} arrives tiled "
+                    f"{op.name} at {op.where}: dimension {d} of operand {i} arrives tiled "
                     f"over {', '.join(gathered)} but has no halo exchange: "
                     f"{no_halo_reason(op, d)}; gathering it"))
     return found
-
-
-def _where(op: Op) -> str:
-    """The op's name stack and the user's line that wrote it, as far as they are known."""
-    where = op.location or "an unknown location"
-    if op.mlir_location is not None:
-        source = parse_location(op.mlir_location).source
-        if source is not None:
-            where += f" ({source})"
-    return where
 
 
 def _pad_value(em: Emitter, op: Op, i: int, operands: list[Value]) -> Value:
