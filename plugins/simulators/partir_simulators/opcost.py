@@ -147,8 +147,8 @@ def op_work(op: Op) -> tuple[float, float, bool]:
         return float(out), 0.0, True
     if name in TRANSCENDENTAL:
         return float(out), float(out), True
-    if name in ZERO_FLOP:
-        return 0.0, 0.0, name != "custom_call"
+    if name in ZERO_FLOP:  # a move between memory kinds is costed as one (RM's offload)
+        return 0.0, 0.0, name != "custom_call" or placement(op) is not None
     if name == "dot_general" or name == "dot":
         return dot_flops(op), 0.0, True
     if name == "convolution":
