@@ -82,7 +82,8 @@ class PartitionedFunction:
             program = part.program
             function = DeviceLocalFunction(getattr(self.fn, "__name__", "fn"),
                                            program.text(), self.jax_mesh, program.in_layouts,
-                                           program.out_layouts, traced.out_avals)
+                                           program.out_layouts, traced.out_avals,
+                                           traced.host_callbacks)
         found = self._cache[key] = Partition(traced, part, function, key)
         self._fill_metadata(found)
         # The report's rows are made while XLA compiles the step (on another core), so a

@@ -71,6 +71,10 @@ class Traced:
     out_avals: list
     out_names: list[str] | None = None  # each output leaf as "output <path>"
     hooked: list[tuple[Any, Tactic]] = field(default_factory=list)
+    # The Python callables of the step's host callbacks (`jax.debug.print`, `pure_callback`,
+    # `io_callback`), in the order their custom calls index them (`mhlo.backend_config`'s
+    # `index`): the partitioned program's executable must hold them (`runtime/embed.py`).
+    host_callbacks: tuple = ()
 
     def tactic_for(self, entry: Any) -> Tactic:
         """The tactic that runs `entry` (a schedule entry) on this trace: what its trace
@@ -196,6 +200,12 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
     for name, arg in zip(names, abstract):
         for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
             flat_in.append((name, key_path_str(path), leaf))
+    if any("token" in v.type.element for v in func.args):
+        raise PartitionError(
+            "the step has ordered effects (jax.debug.print(..., ordered=True) or "
+            "io_callback(..., ordered=True)): jax threads a token through the step for them, "
+            "which partir_plugin does not partition; pass ordered=False (each callback still "
+            "runs once, on one device)")
     if len(flat_in) != len(func.args):
         raise PartitionError(f"traced function has {len(func.args)} array arguments but the "
                              f"arguments have {len(flat_in)} leaves")
@@ -207,4 +217,11 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
                          jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
     out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]
     return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals,
-                  out_names, hooked)
+                  out_names, hooked, host_callbacks(lowered))
+
+
+def host_callbacks(lowered) -> tuple:
+    """The host callbacks jax registered while lowering the step (jax keeps them with its
+    lowering, not in the public `Lowered`: read where it keeps them, none if it moved)."""
+    lowering = getattr(lowered, "_lowering", None)
+    return tuple(getattr(lowering, "compile_args", {}).get("host_callbacks", ()))

@@ -30,6 +30,11 @@ PADDED_SCATTER_OP = "partir.padded_select_and_scatter"
 KIND_ATTR = "partir.collective"
 AXES_ATTR = "partir.axes"
 
+# An op jax placed on one device (a host callback: `jax.debug.print`, `pure_callback`,
+# `io_callback`, with Shardy's maximal sharding): that device's partition id. It runs there
+# once, as under jax.jit (`spmd/rules/one_device.py`).
+ON_DEVICE_ATTR = "partir.on_device"
+
 _TAG = re.compile(r"partir_tag\[([^\]]+)\]")
 
 

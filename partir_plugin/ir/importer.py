@@ -10,10 +10,12 @@ are passes (`ir/passes`), run as one pipeline over the ops it saw.
 
 from __future__ import annotations
 
+import re
+
 from jaxlib.mlir import ir, passmanager
 
 from .._gc import gc_paused
-from .dialect import KEPT_COMPOSITES, TAG_OP, tag_name
+from .dialect import KEPT_COMPOSITES, ON_DEVICE_ATTR, TAG_OP, tag_name
 from .graph import Block, Func, Op, Region, Value, captures_of, tagged_values
 from .locations import location_name
 from .passes import IMPORT_PIPELINE, Pipeline
@@ -21,6 +23,11 @@ from .passes.inline_calls import CALL_OPS, CALLEE
 from .types import TensorType
 
 _RULE_ATTR = "sdy.sharding_rule"
+# An op's Shardy sharding: dropped (partir chooses the layouts), but for a maximal one, on one
+# device (`ON_DEVICE_ATTR`): `<@mesh, [...]>` naming a module-level `sdy.mesh` of no axes.
+_SHARDING_ATTR = "sdy.sharding"
+_MESH_NAME = re.compile(r"<@([\w.$-]+),")
+_MAXIMAL_MESH = re.compile(r"<\[\], device_ids=\[(\d+)\]>")
 
 
 def make_context() -> ir.Context:
@@ -42,10 +49,16 @@ def _type(t: ir.Type) -> TensorType:
 class _Importer:
     def __init__(self, module: ir.Operation, pipeline: Pipeline):
         self.funcs = {}
+        self.maximal_meshes: dict[str, int] = {}  # sdy.mesh name -> its one device
         for op in module.regions[0].blocks[0].operations:
             if op.operation.name == "func.func":
                 name = ir.StringAttr(op.attributes["sym_name"]).value
                 self.funcs[name] = op
+            elif op.operation.name == "sdy.mesh":
+                found = _MAXIMAL_MESH.search(str(op.attributes["mesh"]))
+                if found:
+                    name = ir.StringAttr(op.attributes["sym_name"]).value
+                    self.maximal_meshes[name] = int(found.group(1))
 
         self.callees: dict[str, Func] = {}  # the functions called, each imported once
         self.types: dict[ir.Type, TensorType] = {}  # a program has few distinct types
@@ -129,6 +142,11 @@ class _Importer:
                     text = texts[attr] = str(attr)
                 if key == _RULE_ATTR:
                     rule = text
+                elif key == _SHARDING_ATTR:
+                    mesh = _MESH_NAME.search(text)
+                    device = self.maximal_meshes.get(mesh.group(1)) if mesh else None
+                    if device is not None:
+                        attrs[ON_DEVICE_ATTR] = str(device)
                 else:
                     attrs[key] = text
             regions = []

@@ -24,6 +24,9 @@ from jax.interpreters import ad, batching, mlir
 from ..errors import PartitionError
 
 _CHANNEL = re.compile(r"#stablehlo\.channel_handle<handle = \d+")
+# A host callback's custom call names its Python callable by index into the host callbacks
+# of the module jax compiles (`jax._src.callback.emit_python_callback`).
+_CALLBACK_INDEX = re.compile(r"mhlo\.backend_config = \{index = (\d+) : ui64\}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +40,7 @@ class DeviceLocalModule:
     name: str
     text: str
     out_avals: tuple[jax.core.ShapedArray, ...]
+    host_callbacks: tuple = ()  # the callables its host callbacks index, in index order
     channels: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +64,13 @@ def _lower(ctx: mlir.LoweringRuleContext, *args, module: DeviceLocalModule):
     fresh = iter([ctx.module_context.new_channel() for _ in range(module.channels)])
     text = _CHANNEL.sub(lambda _: f"#stablehlo.channel_handle<handle = {next(fresh)}",
                         module.text)
+    if module.host_callbacks:  # registered with the module jax compiles, indexed anew
+        first = len(ctx.module_context.host_callbacks)
+        for callback in module.host_callbacks:
+            ctx.module_context.add_host_callback(callback)
+        text = _CALLBACK_INDEX.sub(
+            lambda m: f"mhlo.backend_config = {{index = {first + int(m.group(1))} : ui64}}",
+            text)
     sub = ir.Module.parse(text, context=ctx.module_context.context)
     main = ir.SymbolTable(sub.operation)["main"]
     result_types = main.type.results

@@ -45,19 +45,21 @@ class DeviceLocalFunction:
     """Global arrays in, global arrays out: `module_text` run on every device of `jax_mesh`.
 
     `in_layouts`/`out_layouts` are the device-local program's argument and result layouts;
-    `out_avals` the global avals of its results.
+    `out_avals` the global avals of its results; `host_callbacks` the callables the module's
+    host callbacks index (`Traced.host_callbacks`).
     """
 
     def __init__(self, name: str, module_text: str, jax_mesh: jax.sharding.Mesh,
                  in_layouts: Sequence[Layout], out_layouts: Sequence[Layout],
-                 out_avals: Sequence) -> None:
+                 out_avals: Sequence, host_callbacks: Sequence = ()) -> None:
         mesh = Mesh.of(jax_mesh)
         self.jax_mesh = jax_mesh
         self.in_specs = tuple(lay.spec() for lay in in_layouts)
         self.out_specs = tuple(lay.spec() for lay in out_layouts)
         self.module = DeviceLocalModule(
             fresh_name(name), module_text,
-            tuple(local_aval(a, lay, mesh) for a, lay in zip(out_avals, out_layouts)))
+            tuple(local_aval(a, lay, mesh) for a, lay in zip(out_avals, out_layouts)),
+            tuple(host_callbacks))
         # On a mesh with Explicit axes an argument's sharding is part of its type and
         # shard_map takes it as it is: such arguments are resharded to the program's
         # layouts first (on Auto axes jax places them itself).

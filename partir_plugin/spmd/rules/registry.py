@@ -17,6 +17,7 @@ from .halo import GatheredWindow, HaloExchange, PaddedScatter
 from .interleave import Interleave
 from .iota import IotaOffset
 from .masked_window import MaskedSlice, MaskedUpdate
+from .one_device import OnOneDevice
 from .own_reducer import OwnReducer
 from .padded_tiles import IndexHints, PaddingMasks
 from .prefix_scan import PrefixScan
@@ -25,7 +26,7 @@ from .roll import Roll
 RULES: tuple[LoweringRule, ...] = (
     HaloExchange(), GatheredWindow(), PaddedScatter(), PaddingMasks(), OwnReducer(),
     IotaOffset(), IndexHints(), DynamicSliceClamp(), MaskedUpdate(), MaskedSlice(),
-    EmbeddingLookup(), ScatterExchange(), PrefixScan(), Roll(), Interleave(),
+    EmbeddingLookup(), ScatterExchange(), PrefixScan(), Roll(), Interleave(), OnOneDevice(),
 )
 
 # The rules to ask about an op, by its name, in registry order.

@@ -52,6 +52,9 @@ ZERO_FLOP = MOVEMENT | VIEWS | FREE | {
 # The custom call of a move between memory kinds (jax's `device_put` to a memory kind: RM's
 # offload to `pinned_host` and back) and the attribute naming where its result lives.
 PLACEMENT_TARGET = "annotate_device_placement"
+# A host callback's custom call (`jax.debug.print`, `pure_callback`, `io_callback`): its
+# operands' bytes are charged; the Python function's time is not modeled.
+_HOST_CALLBACK = re.compile(r"python_(?:cpu|gpu|tpu)?_?callback")
 _PLACEMENT = re.compile(r'_xla_buffer_placement\s*=\s*"([^"]*)"')
 
 
@@ -148,7 +151,8 @@ def op_work(op: Op) -> tuple[float, float, bool]:
     if name in TRANSCENDENTAL:
         return float(out), float(out), True
     if name in ZERO_FLOP:  # a move between memory kinds is costed as one (RM's offload)
-        return 0.0, 0.0, name != "custom_call" or placement(op) is not None
+        return 0.0, 0.0, name != "custom_call" or placement(op) is not None or bool(
+            _HOST_CALLBACK.search(op.attributes.get("call_target_name", "")))
     if name == "dot_general" or name == "dot":
         return dot_flops(op), 0.0, True
     if name == "convolution":
