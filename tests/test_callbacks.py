@@ -144,3 +144,30 @@ def test_an_estimate_charges_a_callback_without_calling_it_unknown():
     # the loss's sum over the batch tiles, and the callback's result sent to every device;
     # the whole batch gathered for the callback (used inside the branch that runs it)
     assert est.collectives == {"all_gather": 1, "all_reduce": 2}, est.collectives
+
+
+def test_a_callback_in_a_pipelined_layer_warns_and_the_numbers_stay():
+    """PP runs the layer body at every step of its loop on each stage: a callback there sees
+    the first device's stage, microbatches and bubbles. Said, not silent."""
+    from partir_plugin.tactics.pipeline_parallel import PipelineWarning
+
+    seen = []
+
+    def step(params, batch):
+        def loss_fn(p):
+            def layer(h, w):
+                h = jnp.tanh(h @ w)
+                jax.debug.callback(lambda v: seen.append(v.shape), h)
+                return h, None
+            return jnp.mean(jax.lax.scan(layer, batch, p["stack"])[0] ** 2)
+        return jax.value_and_grad(loss_fn)(params)
+
+    params = {"stack": jax.random.normal(jax.random.PRNGKey(0), (8, 16, 16)) * 0.3}
+    batch = jax.random.normal(jax.random.PRNGKey(1), (32, 16))
+    want = jax.jit(step)(params, batch)
+    with pytest.warns(PipelineWarning, match="host callbacks.*first device"):
+        fn, _ = partir.jit(step, {"stage": 4, "batch": 2},
+                           [partir.tactic("PP", axis="stage", microbatches=4),
+                            partir.ManualPartition({"batch": 0}, axis="batch")])
+        got = fn(params, batch)
+    _close(got, want)

@@ -370,7 +370,8 @@ class LayerTrace:
 
 
 class PipelineWarning(UserWarning):
-    """Pipelining changes what the step computes (batch-coupled ops in the layer body)."""
+    """Pipelining changes what the step computes (batch-coupled ops in the layer body) or what
+    its host callbacks see."""
 
 
 _BATCH_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
@@ -462,6 +463,13 @@ class _PipelineHook(LayerLoopHook):
                           f"{batch // tactic.microbatches}, not over the batch of "
                           f"{batch} (e.g. batch norm), so results may differ from the "
                           f"unpipelined step", PipelineWarning, stacklevel=3)
+        if layer.jaxpr.effects:  # a host callback (jax.debug.print, io_callback, ...)
+            warnings.warn(f"{tactic.name}: the layer body of the scan at {site} has host "
+                          f"callbacks ({', '.join(sorted(map(str, layer.jaxpr.effects)))}): "
+                          "pipelined, they run on the first device at every step of the "
+                          "pipeline's loop (its stage's layers, on microbatches and on bubble "
+                          "steps), not once per layer on the batch", PipelineWarning,
+                          stacklevel=3)
         loop.found = PipelineShape(self.stages, tactic.microbatches, layers, tactic.repeats)
         loop.batch, loop.site = batch, site
         tactic.last_found = loop.found
