@@ -186,3 +186,29 @@ module {
     assert add.name == "stablehlo.add" and add.operands == [x, x]
     assert list(loop.captures) == [x]
     assert func.returns[1] is x
+
+
+def test_complex_constants_import_and_partition():
+    """MLIR's Python bindings cannot type a dense attribute of complex elements (reading it
+    raised TypeError, so a step with `* 1j` crashed at import): its text comes from the op's
+    generic form, and the step partitions with jax.jit's numbers, complex partial sums and
+    gradients included."""
+    text = jax.jit(lambda x: x.astype(jnp.complex64) * (1 + 2j)).lower(jnp.ones(3)).as_text()
+    func = import_stablehlo(text)
+    constants = [op.attributes["value"] for op in walk(func.ops)
+                 if op.name == "stablehlo.constant" and "complex" in op.attributes["value"]]
+    assert constants and "(1.000000e+00,2.000000e+00)" in constants[0], constants
+    _verify(print_module(func))
+
+    def loss(w, x):  # complex values tiled by the batch, summed over it, differentiated
+        z = (x @ w).astype(jnp.complex64) * (1 + 2j)
+        return jnp.sum(jnp.abs(jnp.fft.fft(z, axis=1)) ** 2) + jnp.real(jnp.sum(z, axis=0)).sum()
+
+    args = (jax.random.normal(jax.random.PRNGKey(0), (32, 32)) * 0.1,
+            jax.random.normal(jax.random.PRNGKey(1), (16, 32)))
+    def step(w, x):
+        return jax.value_and_grad(loss)(w, x)
+
+    assert_matches_jax_jit(step, args, {"data": 4, "model": 2},
+                           [partir.ManualPartition({"x": 0}, axis="data"),
+                            partir.ManualPartition({"w": 1}, axis="model")])

@@ -136,10 +136,14 @@ class _Importer:
             rule = None
             for key in op.attributes:
                 # Attributes are uniqued in their context: equal ones print once.
-                attr = op.attributes[key]
-                text = texts.get(attr)
-                if text is None:
-                    text = texts[attr] = str(attr)
+                try:
+                    attr = op.attributes[key]
+                except TypeError:  # the bindings cannot type it (a complex dense constant)
+                    text = attribute_text(op, key)
+                else:
+                    text = texts.get(attr)
+                    if text is None:
+                        text = texts[attr] = str(attr)
                 if key == _RULE_ATTR:
                     rule = text
                 elif key == _SHARDING_ATTR:
@@ -178,6 +182,31 @@ class _Importer:
                 env[r] = v
             out.append(new)
         return []
+
+
+_OPEN, _CLOSE = "<([{", ">)]}"
+
+
+def attribute_text(op, key: str) -> str:
+    """Attribute `key` of `op` as the op's generic form prints it: for the attributes MLIR's
+    Python bindings cannot type (a `dense<(re,im)>` of complex elements raises TypeError)."""
+    asm = op.get_asm(print_generic_op_form=True, large_elements_limit=None)
+    start = asm.index(f"{key} = ") + len(key) + 3
+    depth, i = 0, start
+    while i < len(asm):
+        c = asm[i]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            if depth == 0:
+                break
+            depth -= 1
+        elif c == "," and depth == 0:
+            break
+        elif c == '"':  # a string: its brackets do not count
+            i = asm.index('"', i + 1)
+        i += 1
+    return asm[start:i].strip()
 
 
 def _import_module(module: ir.Operation, entry: str, pipeline: Pipeline) -> Func:
