@@ -64,6 +64,17 @@ def test_a_memory_limit_below_everything_says_what_is_closest(model):
                     seconds=5, model_rule=megatron.transformer_rule)
 
 
+def test_a_device_count_nothing_divides_says_what_must_divide(model):
+    """7 devices split neither the batch nor the rule's dimensions: no mesh at all (it used
+    to read "no configuration fits 40 GiB ...: all 0 need more", a memory message)."""
+    step, args = model
+    batch = next(x for x in jax.tree.leaves(args[2]) if x.ndim).shape[0]
+    with pytest.raises(PlanError, match=rf"no mesh of 7 devices splits this step: .*batch of "
+                                        rf"{batch}.*model_rule splits .*\(1\)"):
+        partir.plan(step, *args, devices=7, hardware="a100-40gb", seconds=5,
+                    model_rule=megatron.transformer_rule)
+
+
 def test_the_batch_argument_must_be_found(model):
     step, args = model
     with pytest.raises(PlanError, match="none is named 'tokens'"):

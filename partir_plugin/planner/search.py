@@ -151,6 +151,8 @@ def plan(fn, *args, devices: int, hardware=None, memory_limit: int | None = None
                 stats.pruned += 1
                 if closest is None or need < closest[0]:
                     closest = (need, c)
+    if not stats.considered:
+        raise PlanError(_no_split(devices, limits, model_rule is not None))
     if not fitting:
         raise PlanError(_nothing_fits(devices, limit, hw.name, closest, stats))
     search = _Search(est, roles, model_rule, expert_rule, limit, start + seconds, seconds,
@@ -330,6 +332,23 @@ def _why(c: Candidate, e: Estimate, limit: int, node: int | None, auto=None) -> 
 def _with_rank(p: Plan, best: float) -> Plan:
     ratio = p.estimate.step_time_s / best if best else 1.0
     return replace(p, why=p.why + ("" if ratio == 1.0 else f"; {ratio:.2f}x the best"))
+
+
+def _no_split(devices: int, limits: SpaceLimits, ruled: bool) -> str:
+    """Why no mesh of `devices` devices exists for this step: the constraints `layouts`
+    applies, with this step's figures."""
+    rules = [f"the data axis (times an expert axis) divide the batch of {limits.batch}"]
+    if limits.model_sizes is not None:
+        sizes = ", ".join(map(str, limits.model_sizes))
+        rules.append(f"the model axis be a size model_rule splits every leaf it names by "
+                     f"({sizes})" if ruled else f"the model axis be one of ({sizes})")
+    if limits.devices_per_node:
+        rules.append(f"the model axis divide a node's {limits.devices_per_node} devices")
+    rules.append(f"stages divide the {limits.layers} stacked layers" if limits.layers
+                 else "no stages (the step has no layer loop)")
+    return (f"plan: no mesh of {devices} devices splits this step: it needs "
+            + "; ".join(rules) + f". Try a device count those divide (a divisor of "
+            f"{limits.batch}, the batch, always is)")
 
 
 def _nothing_fits(devices: int, limit: int, hw: str, closest, stats: SearchStats) -> str:
