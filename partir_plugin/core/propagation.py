@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 
+from ..ir.dialect import MANUAL_COMPUTATION
 from ..ir.graph import Op, Value, partitionable_ops
 from ..ir.opsets import PARTITIONED_REGIONS, TERMINATORS
 from .resolution import resolve
@@ -72,7 +73,7 @@ def _step(state: PartitionState, op: Op, axis: str) -> list[Value]:
         return []
     entries = state.registry.entries(op)
     if not entries:
-        if hard:
+        if hard and op.name != MANUAL_COMPUTATION:  # a shard_map body: placed by its specs
             state.record_unsupported(op)
         return []
 

@@ -103,29 +103,24 @@ class Traced:
                    None, None, [])
 
 
-# How jax writes a `shard_map` body: Shardy's manual computation, or (without Shardy) the
-# custom calls that enter and leave it.
-MANUAL_COMPUTATION = "sdy.manual_computation"
+# How jax writes a `shard_map` body without Shardy: custom calls entering and leaving it
+# (with Shardy, an `sdy.manual_computation`, which `spmd/rules/manual_body.py` inlines).
 MANUAL_CUSTOM_CALLS = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 
 
 def refuse_manual_code(func: Func) -> None:
-    """Fail, naming the line, where the program holds code already written per device (a
-    `jax.shard_map`). Its body has the shapes of one device's shards and collectives over
-    the mesh; partir partitions the logical program, and has no rule that would place such a
-    body (its operands tiled as its in_specs say), so lowering it would compute on the wrong
-    shapes. An estimate would leave it out (the simulator has no cost for it)."""
+    """Fail, naming the line, where the program enters code written per device through
+    custom calls (a `jax.shard_map` lowered without Shardy): nothing says which values are
+    the body's, so it cannot be placed; lowering it as logical code would compute on the
+    wrong shapes."""
     for op in walk(func.ops):
         target = op.attributes.get("call_target_name", "")
-        if op.name == MANUAL_COMPUTATION or (
-                op.name == "stablehlo.custom_call"
-                and any(name in target for name in MANUAL_CUSTOM_CALLS)):
+        if op.name == "stablehlo.custom_call" and any(n in target for n in MANUAL_CUSTOM_CALLS):
             raise PartitionError(
-                f"the step calls jax.shard_map at {op.where}: its body is written per device, "
-                "and partir_plugin partitions a step from its logical program (it has no rule "
-                "for a body already partitioned by hand). Write that part without shard_map "
-                "and let a tactic partition it, or call the shard_map outside the partitioned "
-                "step.")
+                f"the step calls jax.shard_map at {op.where}, lowered without Shardy "
+                f"({target}): partir_plugin places a shard_map's body from Shardy's "
+                "manual computation; lower with jax_use_shardy_partitioner on (jax's "
+                "default)")
 
 
 def aval_key(x) -> tuple:

@@ -35,6 +35,12 @@ AXES_ATTR = "partir.axes"
 # once, as under jax.jit (`spmd/rules/one_device.py`).
 ON_DEVICE_ATTR = "partir.on_device"
 
+# A `jax.shard_map` body: Shardy's manual computation, its code per device. The importer adds
+# the text of the `sdy.mesh` its shardings name (`spmd/rules/manual_body.py` checks it is the
+# partitioned program's mesh).
+MANUAL_COMPUTATION = "sdy.manual_computation"
+MESH_ATTR = "partir.mesh"
+
 _TAG = re.compile(r"partir_tag\[([^\]]+)\]")
 
 

@@ -15,7 +15,14 @@ import re
 from jaxlib.mlir import ir, passmanager
 
 from .._gc import gc_paused
-from .dialect import KEPT_COMPOSITES, ON_DEVICE_ATTR, TAG_OP, tag_name
+from .dialect import (
+    KEPT_COMPOSITES,
+    MANUAL_COMPUTATION,
+    MESH_ATTR,
+    ON_DEVICE_ATTR,
+    TAG_OP,
+    tag_name,
+)
 from .graph import Block, Func, Op, Region, Value, captures_of, tagged_values
 from .locations import location_name
 from .passes import IMPORT_PIPELINE, Pipeline
@@ -26,6 +33,7 @@ _RULE_ATTR = "sdy.sharding_rule"
 # An op's Shardy sharding: dropped (partir chooses the layouts), but for a maximal one, on one
 # device (`ON_DEVICE_ATTR`): `<@mesh, [...]>` naming a module-level `sdy.mesh` of no axes.
 _SHARDING_ATTR = "sdy.sharding"
+_TERMINATORS = frozenset({"func.return", "stablehlo.return", "sdy.return"})
 _MESH_NAME = re.compile(r"<@([\w.$-]+),")
 _MAXIMAL_MESH = re.compile(r"<\[\], device_ids=\[(\d+)\]>")
 
@@ -50,14 +58,16 @@ class _Importer:
     def __init__(self, module: ir.Operation, pipeline: Pipeline):
         self.funcs = {}
         self.maximal_meshes: dict[str, int] = {}  # sdy.mesh name -> its one device
+        self.meshes: dict[str, str] = {}  # sdy.mesh name -> its text (`<["a"=2, ...]>`)
         for op in module.regions[0].blocks[0].operations:
             if op.operation.name == "func.func":
                 name = ir.StringAttr(op.attributes["sym_name"]).value
                 self.funcs[name] = op
             elif op.operation.name == "sdy.mesh":
-                found = _MAXIMAL_MESH.search(str(op.attributes["mesh"]))
+                name = ir.StringAttr(op.attributes["sym_name"]).value
+                self.meshes[name] = str(op.attributes["mesh"])
+                found = _MAXIMAL_MESH.search(self.meshes[name])
                 if found:
-                    name = ir.StringAttr(op.attributes["sym_name"]).value
                     self.maximal_meshes[name] = int(found.group(1))
 
         self.callees: dict[str, Func] = {}  # the functions called, each imported once
@@ -108,7 +118,7 @@ class _Importer:
         for mop in block.operations:
             op = mop.operation
             name = op.name
-            if name in ("func.return", "stablehlo.return"):
+            if name in _TERMINATORS:
                 return [env[v] for v in op.operands]
             kept = (ir.StringAttr(op.attributes["name"]).value
                     if name == "stablehlo.composite" else None)
@@ -166,6 +176,11 @@ class _Importer:
                     b.ops.append(Op(term_name, terminator, []))
                     region.blocks.append(b)
                 regions.append(region)
+            if name == MANUAL_COMPUTATION:  # the mesh its shardings name, for the lowering
+                mesh = _MESH_NAME.search(attrs.get("in_shardings", "")
+                                         + attrs.get("out_shardings", ""))
+                if mesh and mesh.group(1) in self.meshes:
+                    attrs[MESH_ATTR] = self.meshes[mesh.group(1)]
             results = op.results
             self.seen.add(name)
             new = Op(name, [env[v] for v in op.operands],

@@ -16,6 +16,7 @@ from .embedding import EmbeddingLookup, ScatterExchange
 from .halo import GatheredWindow, HaloExchange, PaddedScatter
 from .interleave import Interleave
 from .iota import IotaOffset
+from .manual_body import ManualBody
 from .masked_window import MaskedSlice, MaskedUpdate
 from .one_device import OnOneDevice
 from .own_reducer import OwnReducer
@@ -27,6 +28,7 @@ RULES: tuple[LoweringRule, ...] = (
     HaloExchange(), GatheredWindow(), PaddedScatter(), PaddingMasks(), OwnReducer(),
     IotaOffset(), IndexHints(), DynamicSliceClamp(), MaskedUpdate(), MaskedSlice(),
     EmbeddingLookup(), ScatterExchange(), PrefixScan(), Roll(), Interleave(), OnOneDevice(),
+    ManualBody(),
 )
 
 # The rules to ask about an op, by its name, in registry order.
