@@ -6,6 +6,10 @@ each function its `func.call`s and `stablehlo.composite`s name once (`Func.calle
 the composites partir keeps whole (`dialect.KEPT_COMPOSITES`, imported as one op). The walk is
 linear in the number of ops. The rewrites of the imported program, inlining the calls first,
 are passes (`ir/passes`), run as one pipeline over the ops it saw.
+
+Shardy's per-op shardings are dropped (partir chooses the layouts) but for two cases: a
+maximal one puts the op on one device (a host callback, `ON_DEVICE_ATTR`), and a manual
+computation (a `jax.shard_map`) keeps the text of the mesh its shardings name (`MESH_ATTR`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class ManualBody(LoweringRule):
     changes_layouts = True
 
     def layouts(self, state: PartitionState, op: Op, nest: Nest) -> list[Layout]:
-        return sharding_layouts(op, "out_shardings", state.mesh)
+        return sharding_layouts(op, "out_shardings", state.mesh) if op.results else []
 
     def replace(self, ctx: RuleContext) -> list[tuple[Value, Layout]]:
         op, em = ctx.op, ctx.em
