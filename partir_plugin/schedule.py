@@ -21,6 +21,7 @@ from .errors import PartitionError, UnevenOutputWarning
 from .ir.graph import Func
 from .options import PartitionOptions, UnevenOutputs
 from .spmd.lowering import SpmdProgram, lower_to_spmd
+from .spmd.rules.manual_body import seed_manual_results
 from .tactics.base import Tactic
 
 
@@ -83,12 +84,16 @@ def apply_schedule(func: Func, leaves: list[Leaf], mesh: Mesh, schedule: Sequenc
                    options: PartitionOptions, registry: TileMappingRegistry,
                    arg_names: list[str] | None = None,
                    out_names: list[str] | None = None) -> Scheduled:
-    """Apply each tactic then `propagate`, and lower the final state. `options` has its
-    hardware resolved and `scatter_sums` decided (`stages.partition` does both)."""
+    """Apply each tactic then `propagate`, and lower the final state; a shard_map's results
+    are tiled as its out_specs say before the first tactic. `options` has its hardware
+    resolved and `scatter_sums` decided (`stages.partition` does both)."""
     state = PartitionState(func, mesh, registry, options=options)
     after = []
     for tactic in schedule:
         tactic.reserve(state)
+    seeded = seed_manual_results(state)
+    if seeded:  # shard_map results come out tiled: their consumers start from that
+        propagate(state, seeds=seeded)
     for i, tactic in enumerate(schedule):
         ctx = TacticContext(state, leaves, arg_names, options.hardware)
         tactic.apply(ctx)

@@ -20,7 +20,7 @@ from ...core.mesh import Mesh
 from ...core.state import PartitionState
 from ...errors import PartitionError
 from ...ir.dialect import MANUAL_COMPUTATION, MESH_ATTR
-from ...ir.graph import Op, Value, clone_region
+from ...ir.graph import Op, Value, clone_region, walk
 from ..layout import Layout
 from ..op_plan import Nest
 from .base import LoweringRule, RuleContext
@@ -93,3 +93,18 @@ def _check_mesh(op: Op, mesh: Mesh) -> None:
         raise PartitionError(
             f"jax.shard_map at {op.where} is manual over {sorted(manual)} only: partir_plugin "
             f"inlines bodies manual over every axis of the mesh {list(mesh.names)}")
+
+
+def seed_manual_results(state: PartitionState) -> list[Value]:
+    """Tile every shard_map's results as its out_specs say, before any tactic, so propagation
+    carries those tilings to their consumers (without, they would start replicated and
+    gather the results); the values whose tiling changed."""
+    changed: list[Value] = []
+    for op in walk(state.func.ops):
+        if op.name != MANUAL_COMPUTATION or not op.results:
+            continue
+        for r, layout in zip(op.results, sharding_layouts(op, "out_shardings", state.mesh)):
+            for d, axes in enumerate(layout.dims):
+                for axis in axes:
+                    changed += state.tile_value(r, d, axis)
+    return changed
