@@ -158,7 +158,6 @@ class Estimator:
                         dict(mesh.shape), self.hardware.name, self.hardware.memory_bytes,
                         rows, result)
 
-
     def _warn_uncosted(self, result: SimulationResult) -> None:
         """Warn once per step (a planner estimates it many times) where the simulator left
         part of the program uncosted."""

@@ -171,3 +171,20 @@ def test_a_callback_in_a_pipelined_layer_warns_and_the_numbers_stay():
                             partir.ManualPartition({"batch": 0}, axis="batch")])
         got = fn(params, batch)
     _close(got, want)
+
+
+def test_a_jax_that_keeps_callbacks_elsewhere_fails_clearly_not_in_the_process():
+    """Run without its callables, a callback's custom call would crash the process: where
+    the lowering holds none, the step fails naming the callback's line."""
+    import types
+
+    from partir_plugin.frontend.trace import host_callbacks, trace
+
+    def step(x):
+        jax.debug.print("{}", jnp.sum(x))
+        return x * 2
+
+    traced = trace(step, (jnp.ones(4),))
+    assert len(traced.host_callbacks) == 1
+    with pytest.raises(partir.PartitionError, match=r"host callback at .*test_callbacks.py"):
+        host_callbacks(types.SimpleNamespace(), traced.func)

@@ -114,8 +114,10 @@ def refuse_manual_code(func: Func) -> None:
     the body's, so it cannot be placed; lowering it as logical code would compute on the
     wrong shapes."""
     for op in walk(func.ops):
+        if op.name != "stablehlo.custom_call":
+            continue
         target = op.attributes.get("call_target_name", "")
-        if op.name == "stablehlo.custom_call" and any(n in target for n in MANUAL_CUSTOM_CALLS):
+        if any(n in target for n in MANUAL_CUSTOM_CALLS):
             raise PartitionError(
                 f"the step calls jax.shard_map at {op.where}, lowered without Shardy "
                 f"({target}): partir_plugin places a shard_map's body from Shardy's "
@@ -212,11 +214,20 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
                          jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
     out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]
     return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals,
-                  out_names, hooked, host_callbacks(lowered))
+                  out_names, hooked, host_callbacks(lowered, func))
 
 
-def host_callbacks(lowered) -> tuple:
-    """The host callbacks jax registered while lowering the step (jax keeps them with its
-    lowering, not in the public `Lowered`: read where it keeps them, none if it moved)."""
+def host_callbacks(lowered, func: Func) -> tuple:
+    """The host callbacks jax registered while lowering the step. jax keeps them with its
+    lowering, not in the public `Lowered`; where a jax version keeps them elsewhere, a step
+    with callbacks fails here (run without its callables, it would crash the process)."""
     lowering = getattr(lowered, "_lowering", None)
-    return tuple(getattr(lowering, "compile_args", {}).get("host_callbacks", ()))
+    found = tuple(getattr(lowering, "compile_args", {}).get("host_callbacks", ()))
+    if not found:
+        calls = [op for op in walk(func.ops) if op.name == "stablehlo.custom_call"
+                 and "index = " in op.attributes.get("mhlo.backend_config", "")]
+        if calls:
+            raise PartitionError(
+                f"the step's host callback at {calls[0].where} cannot be partitioned with this "
+                "jax version: partir_plugin finds no callables in its lowering")
+    return found
