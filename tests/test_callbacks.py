@@ -188,3 +188,20 @@ def test_a_jax_that_keeps_callbacks_elsewhere_fails_clearly_not_in_the_process()
     assert len(traced.host_callbacks) == 1
     with pytest.raises(partir.PartitionError, match=r"host callback at .*test_callbacks.py"):
         host_callbacks(types.SimpleNamespace(), traced.func)
+
+
+def test_boolean_and_integer_callback_results_reach_every_device():
+    """A bool result is combined by an or (false elsewhere), an integer by a sum."""
+    seen = []
+
+    def step(params, batch):
+        rows = jnp.sum(batch @ params["w1"], axis=1)
+        positive = jax.pure_callback(lambda v: (seen.append(1), np.asarray(v) > 0)[1],
+                                     jax.ShapeDtypeStruct(rows.shape, jnp.bool_), rows)
+        count = jax.pure_callback(lambda v: np.asarray(np.sum(v > 0), np.int32),
+                                  jax.ShapeDtypeStruct((), jnp.int32), batch)
+        return jnp.sum(jnp.where(positive, rows, -rows)) + count, positive, count
+
+    want, theirs, got, ours = _run_both(step, [BP], seen)
+    _close(got, want)
+    assert len(ours) == len(theirs) == 1

@@ -4,10 +4,11 @@ under jax.jit they run once, on that device, on whole values.
 
 No tile-mapping rule knows a custom call, so its operands arrive replicated (whole). The op is
 emitted inside `stablehlo.if` on the device's partition id; its results, where it has any,
-are zeros on the other devices and reach every device by a sum over the whole mesh (the
-callback still runs once). jax names the device (0 under jax.jit); the mesh's first device
-runs it here. Emitted as it is on every device, it would run once per device,
-and the Shardy attribute naming a mesh the program does not declare would not even parse.
+are zeros (false) on the other devices and reach every device by a sum (an or) over the
+whole mesh (the callback still runs once). jax names the device (0 under jax.jit); the
+mesh's first device runs it here. Emitted as it is on every device, it would run once per
+device, and the Shardy attribute naming a mesh the program does not declare would not even
+parse.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class OnOneDevice(LoweringRule):
         em, op = ctx.em, ctx.op
         del attrs[ON_DEVICE_ATTR]  # jax's device id: the mesh's first device runs it here
         result_types = ctx.plan.result_types
-        unsupported = [t for t in result_types if t.opaque or t.element in ("i1", "token")]
+        unsupported = [t for t in result_types if t.opaque or t.element == "token"]
         if unsupported:
             raise PartitionError(f"{op.name} at {op.where} runs on one device and returns "
                                  f"{unsupported[0]}, which partir_plugin cannot send to the "
@@ -49,10 +50,13 @@ class OnOneDevice(LoweringRule):
                          [Region([run]), Region([skip])])
         branch.captures = captures_of(branch)  # the operands, used inside: live until it runs
         axes = ctx.mesh.names
-        return [em.all_reduce(r, axes, Reduction.ADD) if axes else r for r in branch.results]
+        return [em.all_reduce(r, axes, Reduction.OR if r.type.element == "i1" else
+                              Reduction.ADD) if axes else r for r in branch.results]
 
 
 def _zero(t: TensorType) -> str:
+    if t.element == "i1":
+        return "false"
     if t.element.startswith("complex"):
         return "(0.000000e+00,0.000000e+00)"
     return "0.000000e+00" if t.element.startswith(("f", "bf")) else "0"
