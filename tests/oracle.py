@@ -51,6 +51,9 @@ def _leaf_mismatch(g: np.ndarray, w: np.ndarray, rtol: float | None) -> str | No
         return f"{g.shape}{g.dtype} vs jax.jit's {w.shape}{w.dtype}"
     if not jnp.issubdtype(w.dtype, jnp.inexact):  # numpy does not count bfloat16 as inexact
         return None if np.array_equal(g, w) else f"{np.sum(g != w)} of {w.size} entries differ"
+    if np.iscomplexobj(w):  # real and imaginary parts, each to the policy of its float type
+        return _leaf_mismatch(np.stack([g.real, g.imag], -1), np.stack([w.real, w.imag], -1),
+                              rtol)
     r, a = tolerances(w, rtol)
     g64, w64 = g.astype(np.float64), w.astype(np.float64)
     bad = ~np.isclose(g64, w64, rtol=r, atol=a, equal_nan=True)

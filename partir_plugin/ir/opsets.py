@@ -42,9 +42,9 @@ PENDING_SUM_CHAIN = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.transpos
                                "stablehlo.dynamic_slice"})
 
 # Bit patterns of the infinities, by float type (MLIR's dense literal takes hex).
-_NEG_INF = {"f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000",
+_NEG_INF = {"f8E5M2": "0xFC", "f16": "0xFC00", "bf16": "0xFF80", "f32": "0xFF800000",
             "f64": "0xFFF0000000000000"}
-_POS_INF = {"f16": "0x7C00", "bf16": "0x7F80", "f32": "0x7F800000",
+_POS_INF = {"f8E5M2": "0x7C", "f16": "0x7C00", "bf16": "0x7F80", "f32": "0x7F800000",
             "f64": "0x7FF0000000000000"}
 
 
@@ -81,11 +81,12 @@ class Reduction(enum.StrEnum):
         """The identity's literal in `element` (a dense attribute's body)."""
         if element == "i1":
             return "true" if self in (Reduction.AND, Reduction.MIN, Reduction.MUL) else "false"
-        if element in _NEG_INF:
-            if self == Reduction.MAX:
-                return _NEG_INF[element]
-            if self == Reduction.MIN:
-                return _POS_INF[element]
+        if element.startswith("complex"):  # add and mul only: complex numbers are unordered
+            return "(1.000000e+00,0.000000e+00)" if self == Reduction.MUL else \
+                "(0.000000e+00,0.000000e+00)"
+        if element.startswith(("f", "bf")):
+            if self in (Reduction.MAX, Reduction.MIN):
+                return _float_extreme(element, lowest=self == Reduction.MAX)
             return "1.000000e+00" if self == Reduction.MUL else "0.000000e+00"
         unsigned = element.startswith("ui")
         bits = int(element.lstrip("ui") or 32)
@@ -93,6 +94,29 @@ class Reduction(enum.StrEnum):
                      else (-2 ** (bits - 1), 2 ** (bits - 1) - 1))
         return str({Reduction.MAX: low, Reduction.MIN: high, Reduction.MUL: 1,
                     Reduction.AND: -1 if not unsigned else high}.get(self, 0))
+
+    def all_reducible(self, element: str) -> bool:
+        """Can an `all_reduce` combine partials of this reduction in `element`? XLA's
+        collectives compute sums, products, maxima and minima, and and/or of booleans only
+        (not bitwise and/or of integers)."""
+        return self not in (Reduction.AND, Reduction.OR) or element == "i1"
+
+
+def _float_extreme(element: str, lowest: bool) -> str:
+    """-inf (`lowest`) or +inf in a float type as a hex bit pattern; the most negative or
+    positive finite value in a type without infinities (f8E4M3FN)."""
+    if element in _NEG_INF:
+        return (_NEG_INF if lowest else _POS_INF)[element]
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(getattr(ml_dtypes, _ML_DTYPES[element]))
+    value = -float(info.max) if lowest else float(info.max)
+    return f"{value:e}"
+
+
+_ML_DTYPES = {"f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2",
+              "f8E4M3FNUZ": "float8_e4m3fnuz", "f8E5M2FNUZ": "float8_e5m2fnuz",
+              "f8E4M3B11FNUZ": "float8_e4m3b11fnuz"}
 
 
 _OP_NAMES = {Reduction.ADD: "stablehlo.add", Reduction.MAX: "stablehlo.maximum",

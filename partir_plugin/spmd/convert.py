@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..core.mesh import Mesh
 from ..core.padding import ceil_div, is_padded, local_extent
 from ..ir.graph import Value
+from ..ir.opsets import Reduction
 from ..ir.types import TensorType
 from .collectives import Collective
 from .emitter import Emitter
@@ -64,7 +65,9 @@ def convert(em: Emitter, x: Value, src: Layout, dst: Layout, scatter_sums: bool 
         kinds.setdefault(kind, []).append(axis)
     for kind, axes in kinds.items():
         scatter = None
-        for d in range(rank if scatter_sums and not padded else 0):
+        scatterable = scatter_sums and not padded and Reduction(kind).all_reducible(
+            x.type.element)
+        for d in range(rank if scatterable else 0):
             have, want = dims[d], dst.dims[d]
             if len(want) > len(have) and want[: len(have)] == have:
                 extra = want[len(have):]

@@ -86,6 +86,8 @@ class Emitter:
     def scalar(self, n: int | float, element: str) -> Value:
         if element == "i1":
             return self.literal("true" if n else "false", element)
+        if element.startswith("complex"):
+            return self.literal(f"({float(n):e},0.000000e+00)", element)
         return self.literal(f"{float(n):e}" if element.startswith(("f", "bf")) else str(int(n)),
                             element)
 
@@ -189,10 +191,25 @@ class Emitter:
     def all_reduce(self, x: Value, axes, kind: str) -> Value:
         if kind in ("max", "min") and x.type.element in _ORDERED_INT:
             return self._ordered(x, kind, lambda key: self.all_reduce(key, axes, kind))
+        if not Reduction(kind).all_reducible(x.type.element):
+            return self._gathered_reduce(x, axes, kind)
         op = self.emit("stablehlo.all_reduce", [x], [x.type],
                        _grouped(self.mesh.groups(tuple(axes))),
                        [self.reducer(kind, x.type.element)])
         return mark(op, "all_reduce", axes).results[0]
+
+    def _gathered_reduce(self, x: Value, axes, kind: str) -> Value:
+        """A reduction no collective computes (bitwise and/or of integers: XLA's all-reduce
+        refuses them), as an all_gather of the partials along a new leading dimension and a
+        local reduce over it: the group's bytes on every device instead of one partial."""
+        one = self.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
+                        ).results[0]
+        stacked = self.all_gather(one, 0, axes)
+        identity = self.literal(Reduction(kind).identity_literal(x.type.element),
+                                x.type.element)
+        return self.emit("stablehlo.reduce", [stacked, identity], [x.type],
+                         {"dimensions": i64_array([0])}, [self.reducer(kind, x.type.element)]
+                         ).results[0]
 
     def _ordered(self, x: Value, kind: str, reduce) -> Value:
         """A max or min collective (`reduce`) of floats, run on integers that order like
