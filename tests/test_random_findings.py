@@ -209,6 +209,26 @@ def test_chained_dynamic_slices_on_a_padded_tiled_dim_follow_stablehlo():
     np.testing.assert_array_equal(got, want)
 
 
+def test_take_from_a_dynamic_slice_follows_stablehlo():
+    """The same XLA fold through a gather (openxla/xla#49121): `take` of row 1 of a slice
+    whose start 3 clamps to 2. jax.jit (jax 0.10.2, CPU) returns row 4; StableHLO, numpy
+    and op-by-op jax give row 3, and so must the partitioned step, on a padded tiling too."""
+    def fn(arg0, arg1):
+        v = lax.dynamic_slice_in_dim(arg0, arg1, 3, axis=0)
+        return jnp.take(v, jnp.array([1]), axis=0, mode="fill")
+
+    args = [np.arange(40, dtype=np.float32).reshape(5, 4, 2), np.int32(3)]
+    with jax.disable_jit():
+        want = np.asarray(fn(*args))
+    np.testing.assert_array_equal(want, args[0][3:4])
+    for mesh, schedule in (({"a": 2}, [mp("a", {"arg0": 1})]), ({"a": 2}, [mp("a", {"arg0": 0})]),
+                           (WIDE, [mp("a", {"arg0": 0}), mp("b", {"arg0": 1})])):
+        step, _ = partir.jit(fn, mesh, schedule, uneven_outputs="replicate")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", partir.UnevenOutputWarning)
+            np.testing.assert_array_equal(np.asarray(step(*args)), want)
+
+
 def test_lookup_of_a_lookup_with_ids_tiled_over_two_axes():
     def fn(arg0, arg1, arg2):
         return arg0[arg1][arg2]
