@@ -249,3 +249,15 @@ def test_scatter_max_gradient_with_an_out_of_range_id():
     for mesh, schedule in (({"a": 4, "b": 2}, [mp("a", {"arg0": 0})]),
                            (WIDE, [mp("a", {"arg0": 0}), mp("b", {"arg0": 0})])):
         assert_matches_jit(fn, args, mesh, schedule)
+
+
+def test_an_empty_dimension_is_never_tiled():
+    """A dimension of size 0 stays whole when a tactic names it or propagation reaches it:
+    tiled, its tiles were empty and the all_gather of one fails StableHLO's verifier (a
+    `concatenate` of an empty and a full array over the tiled dimension crashed)."""
+    def fn(arg0, arg1):
+        return jnp.sum(arg0, 0), jnp.concatenate([arg0, arg1], 0), jnp.max(arg1 * 2, 0)
+
+    args = [np.zeros((0, 8), np.float32), _uniform(8, 8)]
+    for inputs in ({"arg0": 0, "arg1": 0}, {"arg0": partir.FIRST_DIVISIBLE_DIM, "arg1": 0}):
+        assert_matches_jit(fn, args, WIDE, [mp("a", inputs)])

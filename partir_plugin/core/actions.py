@@ -84,8 +84,8 @@ class TacticContext:
         changed = False
         for v in values:
             d = dim + v.type.rank if dim < 0 else dim
-            if self.state.dim_of(v, axis) == d:
-                continue
+            if self.state.dim_of(v, axis) == d or empty_dimension(v, d):
+                continue  # an empty dimension has nothing to split: it stays whole
             if tagged:
                 self._check_undecided(v, axis, what)
             self.state.check_divisible(v, d, axis, what)
@@ -124,3 +124,9 @@ class TacticContext:
         propagate(self.state, seeds=self._touched or None)
         self._touched = []
         self.actions.append("propagate")
+
+
+def empty_dimension(v: Value, dim: int) -> bool:
+    """Is `dim` of `v` a dimension of size 0 (tiling it would leave collectives of empty
+    operands, which StableHLO rejects)?"""
+    return v.type.is_tensor and 0 <= dim < v.type.rank and v.type.shape[dim] == 0

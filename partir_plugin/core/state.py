@@ -304,6 +304,8 @@ class PartitionState:
         current = self.dim_of(v, axis)
         if current is not None:
             return f"it is already tiled on axis {axis!r} (dimension {current})"
+        if v.type.shape[dim] == 0:
+            return f"dimension {dim} is empty"  # nothing to split; no collective takes it
         extent = self.local_extent(v, dim)
         size = self.mesh.axis_size(axis)
         if extent % size and not (self.allow_padding if padding is None else padding):
