@@ -307,8 +307,9 @@ def no_halo_reason(op: Op, dim: int) -> str:
     if not halos:
         return "its output has a single row along it"
     extents = " or ".join(f"{h.size} and {h.tiled}" for h in halos)
-    return (f"its tiles of {extents} rows (ceil(n/k) each, padding allowed) are not in the "
-            f"ratio of its stride and lhs dilation, or its halo is wider than a tile")
+    return (f"its input and output extents along it ({extents} rows) do not split into "
+            f"tiles of ceil(n/k) rows in the ratio of its stride and lhs dilation, or its "
+            f"halo is wider than a tile")
 
 
 def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
