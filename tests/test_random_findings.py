@@ -261,3 +261,15 @@ def test_an_empty_dimension_is_never_tiled():
     args = [np.zeros((0, 8), np.float32), _uniform(8, 8)]
     for inputs in ({"arg0": 0, "arg1": 0}, {"arg0": partir.FIRST_DIVISIBLE_DIM, "arg1": 0}):
         assert_matches_jit(fn, args, WIDE, [mp("a", inputs)])
+
+
+def test_top_k_of_a_padded_tile_ranks_negative_nans_below_its_padding():
+    """top_k orders floats totally: a NaN with its sign bit set (`log` of a negative number)
+    is below -inf. The padding of an uneven tile was -inf and beat it (top_k returned -inf
+    where jax.jit returns the NaN); it is now the lowest NaN."""
+    def fn(arg0):
+        return lax.top_k(jnp.log(arg0 - 2.0).T, 2)
+
+    x = np.array([[2.8, 3.5, 1.3], [1.5, 1.6, 3.3], [1.3, 3.3, 1.4]], np.float32)
+    for mesh in ({"a": 2}, WIDE):
+        assert_matches_jit(fn, [x], mesh, [mp("a", {"arg0": 0})])

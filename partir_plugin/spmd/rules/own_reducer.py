@@ -45,10 +45,17 @@ class OwnReducer(LoweringRule):
 
 
 def own_identity(em: Emitter, op: Op, operands: list[Value], i: int) -> Value:
-    """What padding in operand i becomes: the reduce's init value, or -inf for top_k."""
+    """What padding in operand i becomes: the reduce's init value, or for top_k the lowest
+    value in its order. top_k orders floats totally: a NaN with the sign bit set (what
+    `log` of a negative number gives) is below -inf, so the padding is the lowest such NaN
+    (all bits set), which loses to every value, and its largest index breaks the tie with
+    a NaN of the same bits."""
     if op.name == TOP_K:
         element = operands[i].type.element
-        return em.literal(Reduction.MAX.identity_literal(element), element)
+        bits = TensorType((), element).itemsize * 8 if element.startswith(("f", "bf")) else 0
+        lowest = (f"0x{'F' * (bits // 4)}" if bits
+                  else Reduction.MAX.identity_literal(element))
+        return em.literal(lowest, element)
     return operands[len(op.operands) // 2 + i]
 
 
