@@ -70,6 +70,23 @@ def test_same_axis_twice_on_one_value():
                 partir.ManualPartition({"w1": 1}, axis="B")])
 
 
+def test_a_tag_decided_twice_on_one_axis_names_the_earlier_decision():
+    """Two tactics deciding one tag on an axis, on different dimensions: the message says an
+    earlier tactic decided it (not that propagation tiled it, whose remedy does not apply)."""
+    import jax.numpy as jnp
+
+    def g(x):
+        return jnp.sin(partir.tag(x * 2, "t0"))
+
+    step, _ = partir.jit(g, {"a": 2, "b": 4}, [
+        partir.ManualPartition({}, axis="a", tags={"t0": 0}),
+        partir.ManualPartition({}, axis="a", tags={"t0": 1})])
+    with pytest.raises(partir.PartitionError,
+                       match=r"tag 't0' on axis 'a': an earlier tactic already decided it "
+                             r"there \(dimension 0\)"):
+        step.lower(np.ones((8, 8), np.float32))
+
+
 def test_a_module_entering_a_manual_region_by_custom_call_is_refused():
     """Without Shardy, jax writes a shard_map as custom calls around a body of local shapes
     (@SPMDFullToShardShape ... @SPMDShardToFullShape), which say nothing of which values are

@@ -114,6 +114,10 @@ class TacticContext:
 
     def _check_undecided(self, v: Value, axis: str, what: str) -> None:
         current = self.state.dim_of(v, axis)
+        if current is not None and (v.producer, axis) in self.state.boundaries:
+            raise PartitionError(
+                f"cannot decide {what} on axis {axis!r}: an earlier tactic already decided it "
+                f"there (dimension {current}); a tag is decided once per axis")
         if current is not None:
             raise PartitionError(
                 f"cannot decide {what} on axis {axis!r}: propagation from an earlier tactic "
