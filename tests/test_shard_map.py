@@ -100,3 +100,25 @@ def test_a_shard_map_manual_over_some_axes_is_refused():
 
     with pytest.raises(partir.PartitionError, match=r"manual over \['model'\] only"):
         partir.jit(loss, MESH, [])[0](*_args())
+
+
+def test_a_shard_map_on_jax_make_meshs_explicit_axes():
+    """`jax.make_mesh` gives Explicit axes, and a shard_map on such a mesh checks its
+    in_specs against its arguments' types: the step is traced with the arguments' shardings
+    where it needs them, as jax.jit traces it (it failed: the trace had dropped them). An
+    argument that does not carry them is refused saying so."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    assert jax.sharding.AxisType.Explicit in mesh.axis_types
+
+    def loss(x, w):  # (Explicit mode makes jax refuse the w2 matmul's gradient, unannotated)
+        return jnp.mean(jnp.tanh(_row_parallel(mesh)(x, w)))
+
+    x, w, _ = _args()
+    placed = (jax.device_put(x, jax.sharding.NamedSharding(mesh, P("data", "model"))),
+              jax.device_put(w, jax.sharding.NamedSharding(mesh, P("model", None))))
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    for schedule in ([], [BP]):
+        assert_matches_jax_jit(step, placed, mesh, schedule)
+    fn, _ = partir.jit(step, mesh, [BP])
+    with pytest.raises(partir.PartitionError, match="placed as the in_specs say"):
+        fn(x, w)

@@ -189,7 +189,13 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
         stack.enter_context(one_trace())
         hooked = [(entry, stack.enter_context(hook)) for entry, hook in hooks]
         traced_fn = (lambda *a: fn(*a)) if hooks else fn
-        lowered = _lower(jax.jit(traced_fn, keep_unused=True).trace(*abstract), platform)
+        try:
+            staged = jax.jit(traced_fn, keep_unused=True).trace(*abstract)
+        except ValueError as e:
+            if "passed to shard_map" not in str(e):
+                raise
+            staged = _trace_with_explicit_shardings(traced_fn, args, e)
+        lowered = _lower(staged, platform)
     func = import_lowered(lowered)
     refuse_manual_code(func)
     leaves: list[Leaf] = []
@@ -215,6 +221,36 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
     out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]
     return Traced(func, leaves, names, lowered.in_tree, lowered.out_tree, out_avals,
                   out_names, hooked, host_callbacks(lowered, func))
+
+
+def _trace_with_explicit_shardings(fn, args: tuple, error: ValueError):
+    """`fn` traced with its arguments' shardings, for a step whose `jax.shard_map` runs on a
+    mesh with Explicit axes (`jax.make_mesh`'s default): jax checks its in_specs against the
+    arguments' types, which carry a sharding only there. Partitioning still starts from the
+    logical program; the trace takes the shardings only where a step needs them, since in
+    Explicit mode they also constrain how jax traces other ops."""
+    import jax
+
+    def sharded(x):
+        shape, dtype, weak = aval_key(x)
+        sharding = (x.sharding if isinstance(x, jax.ShapeDtypeStruct)
+                    else getattr(jax.typeof(x), "sharding", None))
+        explicit = isinstance(sharding, jax.sharding.NamedSharding) and any(
+            t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types)
+        return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak,
+                                    sharding=sharding if explicit else None)
+
+    try:
+        return jax.jit(fn, keep_unused=True).trace(*jax.tree_util.tree_map(sharded, args))
+    except ValueError as again:
+        if "passed to shard_map" not in str(again):
+            raise
+        raise PartitionError(
+            f"the step's jax.shard_map checks its in_specs against its arguments' shardings "
+            f"(its mesh has Explicit axes, as jax.make_mesh's do by default): "
+            f"{str(error).splitlines()[0]} Pass the step arguments placed as the in_specs say "
+            f"(jax.device_put(x, NamedSharding(mesh, spec))), or build the mesh with "
+            f"axis_types=(jax.sharding.AxisType.Auto, ...)") from error
 
 
 def host_callbacks(lowered, func: Func) -> tuple:
