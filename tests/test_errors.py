@@ -87,6 +87,19 @@ def test_a_tag_decided_twice_on_one_axis_names_the_earlier_decision():
         step.lower(np.ones((8, 8), np.float32))
 
 
+def test_symbolic_dimensions_are_refused_clearly():
+    """A shape-polymorphic export of the step (jax.export.symbolic_shape) is refused naming
+    the shape; it failed deep in MLIR's pass pipeline."""
+    import jax
+
+    step, _ = partir.jit(f, {"B": 4, "M": 2}, [partir.ManualPartition({"x": 0}, axis="B")])
+    b, = jax.export.symbolic_shape("b")
+    args = (jax.ShapeDtypeStruct((8 * b, 8), np.float32),
+            jax.ShapeDtypeStruct((8, 16), np.float32), jax.ShapeDtypeStruct((16, 8), np.float32))
+    with pytest.raises(partir.PartitionError, match=r"shape \(8\*b, 8\) has symbolic"):
+        jax.export.export(jax.jit(step))(*args)
+
+
 def test_a_module_entering_a_manual_region_by_custom_call_is_refused():
     """Without Shardy, jax writes a shard_map as custom calls around a body of local shapes
     (@SPMDFullToShardShape ... @SPMDShardToFullShape), which say nothing of which values are

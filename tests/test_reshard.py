@@ -119,6 +119,9 @@ def test_errors():
         partir.reshard(y, NamedSharding(mesh, P(("a", "b"))))
     with pytest.raises(PartitionError, match="NamedSharding"):
         partir.reshard(jnp.zeros((8, 8)), NamedSharding(mesh, P("a")))
+    z = jax.device_put(np.zeros((8, 8), np.float32), NamedSharding(mesh, P("a")))
+    with pytest.raises(PartitionError, match="traced value"):
+        jax.jit(lambda v: partir.reshard(v, NamedSharding(mesh, P("b"))))(z)
 
 
 # ---- property: random problems executed -------------------------------------------------------

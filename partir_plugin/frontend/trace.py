@@ -131,6 +131,11 @@ def aval_key(x) -> tuple:
     import jax
 
     aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    if not all(isinstance(d, int) for d in aval.shape):
+        raise PartitionError(
+            f"an argument of shape {tuple(aval.shape)} has symbolic dimensions "
+            f"(jax.export.symbolic_shape): partir_plugin partitions programs of static shapes; "
+            f"export the step for each concrete shape")
     return (tuple(aval.shape), aval.dtype, aval.weak_type)
 
 

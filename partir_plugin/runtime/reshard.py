@@ -76,6 +76,11 @@ def _check_devices(x, sharding) -> None:
         raise PartitionError(f"reshard needs a NamedSharding target, got {type(sharding).__name__}")
     if not isinstance(x, jax.Array):
         raise PartitionError(f"reshard needs a jax.Array, got {type(x).__name__}")
+    if isinstance(x, jax.core.Tracer):
+        raise PartitionError(
+            "reshard moves concrete arrays, and was called on a traced value (inside jax.jit, "
+            "jax.grad or a partir.jit step): there, use jax.lax.with_sharding_constraint, or "
+            "in a partir.jit step name the value with partir.tag and let a tactic decide it")
     src = x.sharding
     mesh = sharding.mesh
     if not isinstance(src, jax.sharding.NamedSharding):
