@@ -62,8 +62,9 @@ class PartitionedFunction:
             raise TypeError(f"{getattr(self.fn, '__name__', 'function')}: {e}") from None
         bound.apply_defaults()
         if bound.kwargs:
-            raise TypeError(f"keyword-only arguments {sorted(bound.kwargs)} are not supported; "
-                            f"pass them positionally")
+            raise TypeError(f"keyword-only arguments {sorted(bound.kwargs)} are not supported: "
+                            f"the step's parameters must be positional (wrap it, e.g. "
+                            f"`lambda x, w: fn(x, w=w)`, and partition the wrapper)")
         return bound.args
 
     def partition(self, args: tuple) -> Partition:
@@ -112,7 +113,15 @@ class PartitionedFunction:
                        self._positional)
 
     def __call__(self, *args, **kwargs):
-        return self._jitted(*args, **kwargs)
+        try:
+            return self._jitted(*args, **kwargs)
+        except TypeError as e:
+            if "static_argnums" not in str(e):
+                raise
+            raise TypeError(
+                f"{str(e).splitlines()[0]} partir.jit takes arrays (and pytrees of them) only, "
+                f"and has no static_argnums: close over the other arguments "
+                f"(functools.partial(fn, config=...)) and partition that") from None
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,

@@ -100,6 +100,17 @@ def test_symbolic_dimensions_are_refused_clearly():
         jax.export.export(jax.jit(step))(*args)
 
 
+def test_a_non_array_argument_says_how_to_pass_it():
+    """jax's message speaks of static_argnums, which partir.jit does not have: the message
+    says to close over such arguments."""
+    def g(x, mode):
+        return x * 2
+
+    step, _ = partir.jit(g, {"B": 4}, [partir.ManualPartition({"x": 0}, axis="B")])
+    with pytest.raises(TypeError, match=r"no static_argnums: close over"):
+        step(np.ones(8, np.float32), "fast")
+
+
 def test_a_module_entering_a_manual_region_by_custom_call_is_refused():
     """Without Shardy, jax writes a shard_map as custom calls around a body of local shapes
     (@SPMDFullToShardShape ... @SPMDShardToFullShape), which say nothing of which values are
