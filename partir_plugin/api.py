@@ -37,6 +37,7 @@ class PartitionedFunction:
                                        self.jax_mesh.devices.flat[0].platform)
         self.metadata = metadata if metadata is not None else Metadata()
         self._cache: dict[tuple, Partition] = {}
+        self._described: Partition | None = None  # the partition `metadata` describes
         for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
             if hasattr(fn, attr):
                 setattr(self, attr, getattr(fn, attr))
@@ -76,6 +77,8 @@ class PartitionedFunction:
         key = (treedef, tuple(aval_key(x) for x in leaves))
         found = self._cache.get(key)
         if found is not None:
+            if self._described is not found:  # `.lower(*args)` describes these args' program
+                self._fill_metadata(found)
             return found
         with gc_paused():
             traced, part = partition_function(self.fn, args, self.mesh, self.schedule,
@@ -100,6 +103,7 @@ class PartitionedFunction:
     def _fill_metadata(self, p: Partition) -> None:
         import jax
 
+        self._described = p
         self.metadata.fill(
             p.partitioned.reports, self.mesh.shape, self.options.hardware,
             jax.tree_util.tree_unflatten(p.traced.in_tree, p.function.in_shardings)[0],
@@ -131,10 +135,12 @@ def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,
     """Partition `fn` over `mesh` with `schedule` (a list of tactics), like `jax.jit`.
 
     Returns the partitioned callable and its `Metadata`, filled when the callable first sees
-    arguments (or on `.lower(*args)`), and refreshed when new input shapes cause a new
-    partitioning. `hardware` (a spec, or a name or alias in any case) is resolved here, so an
-    unknown name fails now, listing the known ones; None means the default spec the hardware
-    plugins name (`partir_default_hardware`; host-cpu), which the report names.
+    arguments, refreshed when new input shapes cause a new partitioning, and set to the
+    program of `args` by `.lower(*args)` (a call with shapes seen before runs their program
+    without touching the metadata). `hardware` (a spec, or a name or alias in any case) is
+    resolved here, so an unknown name fails now, listing the known ones; None means the
+    default spec the hardware plugins name (`partir_default_hardware`; host-cpu), which the
+    report names.
 
     `conflicts`: where an op's operands carry incompatible tilings on an axis,
     "redistribute" (the default) keeps the op partitioned along the cheapest entry and moves

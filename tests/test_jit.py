@@ -167,6 +167,10 @@ def test_new_shapes_repartition_and_lowered_checks_inputs(chain_args):
     out = step(x[:128], w1, w2)  # a new shape: partitioned again
     assert out.shape == (128, 8) and len(step._cache) == 2
     assert meta.device_local_stablehlo.count("tensor<32x8xf32>") >= 1
+    # `.lower` of shapes seen before sets the metadata back to their program.
+    step.lower(*chain_args)
+    assert meta.device_local_stablehlo.count("tensor<32x8xf32>") == 0
+    assert meta.in_shardings[0].shard_shape(x.shape)[0] == x.shape[0] // 4
 
 
 def test_donation_consumes_inputs_and_aliases_buffers():
