@@ -380,8 +380,10 @@ def test_pp_errors_name_the_tactic(model):
 
 
 def test_batch_coupled_layer_bodies_warn():
-    """A layer normalising over the batch (batch norm's statistics) computes them per
-    microbatch once pipelined: PP warns; a body that reduces over features does not."""
+    """A layer normalising over the batch (batch norm's statistics), or reading other rows
+    (a roll or a sort along the batch), computes per microbatch once pipelined: PP warns (a
+    roll warned nothing and changed the numbers); a body that reduces over features does
+    not, checkpointed or not, whatever the size of its weights' dimensions."""
     from partir_plugin.tactics.pipeline_parallel import PipelineWarning
 
     w = jax.random.normal(jax.random.PRNGKey(0), (8, 8, 8))
@@ -400,13 +402,26 @@ def test_batch_coupled_layer_bodies_warn():
         fn, _ = partir.jit(step, {"stage": 4}, [partir.tactic("PP", microbatches=4)])
         fn.lower(w, x)
 
+    def rolled(h, w):  # each row reads the row before it: a microbatch wraps around itself
+        h = jnp.tanh(h @ w)
+        return h + 0.5 * jnp.roll(h, 1, axis=0), None
+
+    def sorted_rows(h, w):
+        return jnp.sort(jnp.tanh(h @ w), axis=0), None
+
     with pytest.warns(PipelineWarning, match="reduces over the batch dimension"):
         lowered(batch_norm)
+    for body in (rolled, sorted_rows):
+        with pytest.warns(PipelineWarning, match="reads other rows of it"):
+            lowered(body)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", PipelineWarning)
         lowered(layer_norm)
+        lowered(jax.checkpoint(layer_norm))
+        x = x[:8]  # the weights' first dimension (8), contracted, now has the batch's size
+        lowered(jax.checkpoint(layer_norm))
 
 
 # -- issue 34: the layer body as users write it ----------------------------------------------

@@ -43,7 +43,7 @@ from ..layer_loop import (
     no_layer_loop,
     original_scan,
 )
-from .layer_program import KeptState, LayerProgram, computed_from
+from .layer_program import KeptState, LayerProgram, call_body, computed_from
 from .weight_casts import cast_once, narrowed_inputs
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
@@ -407,11 +407,70 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
             if (eqn.primitive.name in _BATCH_REDUCTIONS and getattr(operand, "ndim", 0)
                     and operand.shape[0] == batch and 0 in tuple(axes or ())):
                 found.append(eqn.primitive.name)
+            elif not isinstance(tainted, _Everything) and _moves_rows(eqn, batch, tainted):
+                found.append(eqn.primitive.name)
+            body = call_body(eqn)
+            if body is not None:  # a nested jit or checkpoint: what it computes from the carry
+                read = [body.invars[i] for i, v in enumerate(eqn.invars)
+                        if not isinstance(v, jex_core.Literal) and v in tainted]
+                visit(body.eqns, computed_from(body, read))
+                continue
             for sub in jex_core.jaxprs_in_params(eqn.params):  # inside: every value counts
                 visit(sub.eqns, _Everything())
 
     visit([e for e in jaxpr.eqns if any(v in kept for v in e.outvars)], layer.tainted)
     return sorted(set(found))
+
+
+def _moves_rows(eqn, batch: int, tainted) -> bool:
+    """Does `eqn` read rows of a batch-major operand at other rows (a shift, a reversal, a
+    sort or a contraction over the batch)? Each row of a microbatch would then read rows of
+    its microbatch only (`jnp.roll(h, 1, axis=0)` wraps around inside it). Batch-major means
+    a leading dimension of size `batch` of a value computed from the carry (`tainted`); a
+    reshape that merges the batch into another dimension is not followed (the heuristic's
+    known gap)."""
+    name, params, ins = eqn.primitive.name, eqn.params, eqn.invars
+
+    def _leading(v, batch: int) -> bool:
+        aval = getattr(v, "aval", None)
+        return (getattr(aval, "ndim", 0) >= 1 and aval.shape[0] == batch
+                and not isinstance(v, jex_core.Literal) and v in tainted)
+
+    if not ins or not _leading(ins[0], batch):
+        return name == "dot_general" and any(
+            _leading(v, batch) and 0 in contracting
+            for v, contracting in zip(ins, params["dimension_numbers"][0]))
+    first = ins[0].aval
+    if name == "slice":
+        strides = params.get("strides") or (1,) * first.ndim
+        return (params["start_indices"][0], params["limit_indices"][0], strides[0]) != (
+            0, batch, 1)
+    if name == "dynamic_slice":
+        return params["slice_sizes"][0] != batch
+    if name == "dynamic_update_slice":
+        return ins[1].aval.shape[0] != batch
+    if name in ("concatenate", "sort"):
+        return params["dimension"] == 0
+    if name == "pad":
+        return tuple(params["padding_config"][0]) != (0, 0, 0)
+    if name == "rev":
+        return 0 in params["dimensions"]
+    if name == "transpose":
+        return params["permutation"][0] != 0
+    if name == "dot_general":
+        return any(_leading(v, batch) and 0 in contracting
+                   for v, contracting in zip(ins, params["dimension_numbers"][0]))
+    if name == "gather":
+        return 0 in params["dimension_numbers"].start_index_map
+    if name.startswith("scatter"):
+        return 0 in params["dimension_numbers"].scatter_dims_to_operand_dims
+    if name.startswith("reduce_window") or name == "select_and_scatter_add":
+        dims = params.get("window_dimensions", (1,))
+        strides = params.get("window_strides", (1,))
+        return dims[0] != 1 or strides[0] != 1
+    if name == "top_k":
+        return first.ndim == 1
+    return False
 
 
 class _Everything:
@@ -458,11 +517,12 @@ class _PipelineHook(LayerLoopHook):
         if coupled:
             # stacklevel 3: the model's scan call (through `_dispatching_scan`).
             warnings.warn(f"{tactic.name}: the layer body of the scan at {site} reduces "
-                          f"over the batch dimension ({', '.join(coupled)}): microbatching "
-                          f"computes those statistics per microbatch of "
-                          f"{batch // tactic.microbatches}, not over the batch of "
-                          f"{batch} (e.g. batch norm), so results may differ from the "
-                          f"unpipelined step", PipelineWarning, stacklevel=3)
+                          f"over the batch dimension or reads other rows of it "
+                          f"({', '.join(coupled)}): microbatching computes those per "
+                          f"microbatch of {batch // tactic.microbatches}, not over the batch "
+                          f"of {batch} (batch norm's statistics, a roll along the batch), so "
+                          f"results may differ from the unpipelined step", PipelineWarning,
+                          stacklevel=3)
         if layer.jaxpr.effects:  # a host callback (jax.debug.print, io_callback, ...)
             warnings.warn(f"{tactic.name}: the layer body of the scan at {site} has host "
                           f"callbacks ({', '.join(sorted(map(str, layer.jaxpr.effects)))}): "
