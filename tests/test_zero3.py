@@ -133,11 +133,15 @@ def _last(path: str, shape: tuple) -> int | None:
     return len(shape) - 1 if shape else None  # the optimizer's step count stays replicated
 
 
-@pytest.mark.parametrize("dim", [partir.FIRST_DIVISIBLE_DIM, _last], ids=["first", "last"])
+@pytest.mark.parametrize("dim", [partir.FIRST_DIVISIBLE_DIM, _last, 0, -1],
+                         ids=["first", "last", "int 0", "int -1"])
 def test_z3_dimension_choice(dim):
     """Z3 shards each leaf on its most major dimension that divides (one contiguous block per
-    device for its all_gather); `dim` picks another. Either way jax.jit's numbers, one
-    all_gather per matrix and one per use of a vector, and no reduce_scatter on CPU."""
+    device for its all_gather); `dim` picks another, as a rule or an int (the optimizer's
+    scalar step count, which has no such dimension, stays replicated: an int was refused
+    with Adam). Either way jax.jit's numbers, one all_gather per matrix and one per use of a
+    vector, and no reduce_scatter on CPU."""
+    last = dim is _last or (isinstance(dim, int) and dim == -1)
     train_step, params, opt_state, batch = _embedding_step(vocab=32)
     data = batch(8, 4)
     step, meta = partir.jit(train_step, {"batch": 4},
@@ -145,13 +149,13 @@ def test_z3_dimension_choice(dim):
     _close(step(params, opt_state, data)[2:], jax.jit(train_step)(params, opt_state, data)[2:])
     specs = jax.tree.map(lambda s: tuple(s.spec), meta.in_shardings[0],
                          is_leaf=lambda s: hasattr(s, "spec"))
-    assert specs == ({"emb": ("batch",), "out": ("batch",)} if dim is not _last else
+    assert specs == ({"emb": ("batch",), "out": ("batch",)} if not last else
                      {"emb": (None, "batch"), "out": (None, "batch")})
     collectives = meta.tactics[-1].collectives
     assert collectives["reduce_scatter"] == 0
     # The table's gradient: 2 all_gathers (ids and updates) where dimension 0 is sharded (the
     # exchange); the table and the projection gathered once each.
-    assert collectives["all_gather"] == (4 if dim is not _last else 2)
+    assert collectives["all_gather"] == (4 if not last else 2)
 
 
 @pytest.mark.parametrize("zero", ["Z2", "Z3"])

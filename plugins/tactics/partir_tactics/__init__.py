@@ -35,11 +35,25 @@ def model_parallel(rule: Callable[[str, tuple], int | None], axis: str = "model"
     return ManualPartition({params: rule}, axis=axis, name=name)
 
 
+def _zero_dim(dim: Selector) -> Selector:
+    """ZeRO's `dim` as a selector over whole states: an int picks that dimension of each
+    leaf that has it, and leaves the others (Adam's scalar step count) replicated."""
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        return dim
+
+    def rule(path: str, shape: tuple) -> int | None:
+        d = dim + len(shape) if dim < 0 else dim
+        return d if 0 <= d < len(shape) else None
+
+    return rule
+
+
 def zero2(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
           dim: Selector = FIRST_DIVISIBLE_DIM, name: str = "Z2") -> ManualPartition:
     """Z2: shard optimizer state (and so gradients) on `axis`; keep parameters replicated.
     `dim` picks each leaf's sharded dimension (as Z3's)."""
-    return ManualPartition({params: REPLICATED, opt_state: dim}, axis=axis, name=name)
+    return ManualPartition({params: REPLICATED, opt_state: _zero_dim(dim)}, axis=axis,
+                           name=name)
 
 
 def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_state",
@@ -50,14 +64,15 @@ def zero3(axis: str = "batch", params: str = "params", opt_state: str = "opt_sta
 
     `dim` picks each leaf's sharded dimension: `FIRST_DIVISIBLE_DIM` (the default: the most
     major dimension that still divides, so a gathered or scattered tile is one contiguous
-    block; after MP, the next one; a scan's layer dimension last), an int, or a rule
-    `(path, shape) -> dim | None`.
+    block; after MP, the next one; a scan's layer dimension last), an int (leaves without
+    that dimension, scalars, stay replicated), or a rule `(path, shape) -> dim | None`.
     `regather` says which parameters are gathered afresh for each use, so the backward pass
     gathers them again instead of keeping the forward's copy alive: "vectors" (the default:
     norm scales and biases, as jax.jit's partitioner does; it saves XLA a `[batch, seq, d]`
     broadcast buffer per norm), True / "all" (FSDP's reshard-after-forward: one more
     all_gather per parameter), False / "none" (one gathered copy per step)."""
     policy = {True: Regather.ALL, False: Regather.NONE}.get(regather, regather)
+    dim = _zero_dim(dim)
     return ManualPartition({params: dim, opt_state: dim}, axis=axis, name=name,
                            regather={params: Regather(policy)})
 
