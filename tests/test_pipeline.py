@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from oracle import assert_close, hlo_collective_counts
+from oracle import assert_close, assert_matches_jax_jit, hlo_collective_counts
 
 import partir_plugin as partir
 from partir_plugin.models import megatron, transformer
@@ -363,6 +363,8 @@ def test_pp_errors_name_the_tactic(model):
                    [partir.tactic("PP")])[0].lower(*uargs)
     with pytest.raises(partir.PartitionError, match="schedule 'zero-bubble' is not built"):
         partir.tactic("PP", schedule="zero-bubble")
+    with pytest.raises(partir.PartitionError, match="'GPipe' is unknown .did you mean 'gpipe'"):
+        partir.tactic("PP", schedule="GPipe")
     with pytest.raises(partir.PartitionError, match="8 stacked layers do not divide into 4 "
                                                     "stages x 3 repeats"):
         partir.jit(step, {"stage": 4}, [partir.tactic(
@@ -422,6 +424,33 @@ def test_batch_coupled_layer_bodies_warn():
         lowered(jax.checkpoint(layer_norm))
         x = x[:8]  # the weights' first dimension (8), contracted, now has the batch's size
         lowered(jax.checkpoint(layer_norm))
+
+
+def test_an_auxiliary_sum_in_a_checkpointed_layer_does_not_warn():
+    """A reduction over the batch that feeds only a carried sum (an auxiliary loss) is
+    summed exactly over microbatches; inside `jax.checkpoint` it warned as batch-coupled."""
+    from partir_plugin.tactics.pipeline_parallel import PipelineWarning
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (4, 8, 8)) / 3
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+
+    @jax.checkpoint
+    def layer(c, wl):
+        h, aux = c
+        y = jnp.tanh(h @ wl)
+        return (y, aux + jnp.mean(y ** 2)), None
+
+    def loss(w, x):
+        (h, aux), _ = lax.scan(layer, (x, jnp.float32(0)), w)
+        return jnp.sum(h ** 2) + aux
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PipelineWarning)
+        assert_matches_jax_jit(jax.value_and_grad(loss), [w, x], {"stage": 2, "batch": 4},
+                               [partir.tactic("PP", microbatches=2),
+                                partir.tactic("BP", inputs=("x",))])
 
 
 # -- issue 34: the layer body as users write it ----------------------------------------------

@@ -369,6 +369,11 @@ class LayerTrace:
         return any(v in self.tainted for v in self.jaxpr.jaxpr.outvars[n_carry:])
 
 
+# Schedules the literature names that PP does not build (docs/pipeline_design.md).
+_UNBUILT_SCHEDULES = frozenset({"1f1b", "interleaved", "interleaved-1f1b", "zero-bubble",
+                                "zb-h1", "zb-v", "dualpipe", "looped-bfs"})
+
+
 class PipelineWarning(UserWarning):
     """Pipelining changes what the step computes (batch-coupled ops in the layer body) or what
     its host callbacks see."""
@@ -394,7 +399,6 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
     used = [i < n_carry and getattr(v.aval, "ndim", 0) >= 1 and v.aval.shape[0] == batch
             for i, v in enumerate(jaxpr.outvars)]
     needed = pe.dce_jaxpr(jaxpr, used, instantiate=False)[0]
-    kept = {v for e in needed.eqns for v in e.outvars}  # DCE may rebuild calls, not vars
 
     def visit(eqns, tainted) -> None:
         for eqn in eqns:
@@ -418,7 +422,10 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
             for sub in jex_core.jaxprs_in_params(eqn.params):  # inside: every value counts
                 visit(sub.eqns, _Everything())
 
-    visit([e for e in jaxpr.eqns if any(v in kept for v in e.outvars)], layer.tainted)
+    # The pruned equations: DCE rebuilds calls (a remat, a nested jit) without what only an
+    # auxiliary carried sum needs, so a reduction feeding one inside them counts no more
+    # than outside.
+    visit(needed.eqns, layer.tainted)
     return sorted(set(found))
 
 
@@ -577,7 +584,10 @@ class PipelineParallel(Tactic):
 
     def __post_init__(self):
         if self.schedule not in ("gpipe", "circular"):
-            raise PartitionError(f"{self.name}: schedule {self.schedule!r} is not built yet "
+            asked = str(self.schedule).lower()
+            what = "is not built yet" if asked in _UNBUILT_SCHEDULES else "is unknown"
+            hint = f" (did you mean {asked!r}?)" if asked in ("gpipe", "circular") else ""
+            raise PartitionError(f"{self.name}: schedule {self.schedule!r} {what}{hint} "
                                  f"(available: 'gpipe', 'circular'; docs/pipeline_design.md "
                                  f"says what '1f1b' would take)")
         if self.schedule == "gpipe" and self.repeats != 1:
