@@ -202,14 +202,19 @@ class Emitter:
         """A reduction no collective computes (bitwise and/or of integers: XLA's all-reduce
         refuses them), as an all_gather of the partials along a new leading dimension and a
         local reduce over it: the group's bytes on every device instead of one partial."""
-        one = self.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
-                        ).results[0]
-        stacked = self.all_gather(one, 0, axes)
+        stacked = self.stacked_partials(x, axes)
         identity = self.literal(Reduction(kind).identity_literal(x.type.element),
                                 x.type.element)
         return self.emit("stablehlo.reduce", [stacked, identity], [x.type],
                          {"dimensions": i64_array([0])}, [self.reducer(kind, x.type.element)]
                          ).results[0]
+
+    def stacked_partials(self, x: Value, axes) -> Value:
+        """Every device's `x` over `axes`, stacked along a new leading dimension (group
+        order), for a reduction over it that no collective computes."""
+        one = self.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
+                        ).results[0]
+        return self.all_gather(one, 0, axes)
 
     def _ordered(self, x: Value, kind: str, reduce) -> Value:
         """A max or min collective (`reduce`) of floats, run on integers that order like

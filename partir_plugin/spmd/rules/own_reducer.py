@@ -78,11 +78,7 @@ def combine_partials(em: Emitter, op: Op, partials: list[Value], operands: list[
     """The op's results from this device's partials, combined over `axes`."""
     if op.name == TOP_K:
         return _combine_top_k(em, op, partials, axes)
-    stacked = []
-    for x in partials:
-        one = em.emit("stablehlo.reshape", [x], [x.type.with_shape((1, *x.type.shape))]
-                      ).results[0]
-        stacked.append(em.all_gather(one, 0, axes))
+    stacked = [em.stacked_partials(x, axes) for x in partials]
     inits = operands[len(op.operands) // 2:]
     return em.emit("stablehlo.reduce", [*stacked, *inits], [x.type for x in partials],
                    {"dimensions": i64_array([0])}, [clone_region(op.regions[0], {})]
