@@ -403,5 +403,5 @@ def test_window_whose_padded_tiles_are_not_in_the_stride_ratio_warns_and_gathers
     ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 8))
     _warns_and_gathers(
         step, (img, ker),
-        r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*not in the "
-        r"ratio of its stride")
+        r"stablehlo.convolution at .*conv_general_dilated \(.*test_halo.py:\d+.*do not split "
+        r"into tiles of ceil\(n/k\) rows in the ratio of its stride")
