@@ -438,15 +438,16 @@ def _moves_rows(eqn, batch: int, tainted) -> bool:
     known gap)."""
     name, params, ins = eqn.primitive.name, eqn.params, eqn.invars
 
-    def _leading(v, batch: int) -> bool:
+    def batch_major(v) -> bool:
         aval = getattr(v, "aval", None)
         return (getattr(aval, "ndim", 0) >= 1 and aval.shape[0] == batch
                 and not isinstance(v, jex_core.Literal) and v in tainted)
 
-    if not ins or not _leading(ins[0], batch):
-        return name == "dot_general" and any(
-            _leading(v, batch) and 0 in contracting
-            for v, contracting in zip(ins, params["dimension_numbers"][0]))
+    if name == "dot_general":  # either operand contracted over its batch dimension
+        return any(batch_major(v) and 0 in contracting
+                   for v, contracting in zip(ins, params["dimension_numbers"][0]))
+    if not ins or not batch_major(ins[0]):
+        return False
     first = ins[0].aval
     if name == "slice":
         strides = params.get("strides") or (1,) * first.ndim
@@ -464,9 +465,6 @@ def _moves_rows(eqn, batch: int, tainted) -> bool:
         return 0 in params["dimensions"]
     if name == "transpose":
         return params["permutation"][0] != 0
-    if name == "dot_general":
-        return any(_leading(v, batch) and 0 in contracting
-                   for v, contracting in zip(ins, params["dimension_numbers"][0]))
     if name == "gather":
         return 0 in params["dimension_numbers"].start_index_map
     if name.startswith("scatter"):
