@@ -273,3 +273,19 @@ def test_top_k_of_a_padded_tile_ranks_negative_nans_below_its_padding():
     x = np.array([[2.8, 3.5, 1.3], [1.5, 1.6, 3.3], [1.3, 3.3, 1.4]], np.float32)
     for mesh in ({"a": 2}, WIDE):
         assert_matches_jit(fn, [x], mesh, [mp("a", {"arg0": 0})])
+
+
+def test_weight_gradient_of_a_convolution_on_padded_spatial_tiles():
+    """The weight gradient of a SAME convolution (4 columns, a window of 3) is itself a
+    convolution of image and output gradient with two halo entries on the image's columns:
+    a forward one (image to kernel columns) and a weight-gradient one (image and output
+    gradient to a partial kernel). On 8 padded tiles of 4 columns propagation nested one
+    over `a` and the other over `b` and `c`, and the local convolution's result type did
+    not match its operands (MLIR's parser refused it). One nest keeps one window geometry
+    per dimension."""
+    def fn(arg0, arg1):
+        return lax.conv_general_dilated(arg1, arg0, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = [_uniform(1, 3, 2, 2), _uniform(2, 1, 4, 2, seed=1)]
+    assert_matches_jit(fn, args, CUBE, [mp(a, {"arg1": 2}) for a in "abc"])

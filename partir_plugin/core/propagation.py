@@ -57,6 +57,8 @@ def _fits(state: PartitionState, op: Op, axis: str, e: TMREntry) -> bool:
         existing = state.dim_of(r, axis)
         if existing is not None and existing != action:
             return False
+    if state.mixes_windows(op, e):
+        return False
     return not state.entry_pads(op, axis, e) or state.padding_allowed(op, e, axis)
 
 

@@ -117,6 +117,8 @@ def _moves(state: PartitionState, op: Op, axis: str, e: TMREntry) -> list[Move] 
             return None
     if state.entry_pads(op, axis, e) and not state.padding_allowed(op, e, axis):
         return None
+    if state.mixes_windows(op, e):
+        return None
     return moves
 
 

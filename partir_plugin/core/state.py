@@ -240,6 +240,23 @@ class PartitionState:
                 return True
         return False
 
+    def mixes_windows(self, op: Op, entry: TMREntry) -> bool:
+        """Would `entry` tile a dimension of `op` that its nest tiles with another window
+        geometry: two different halo entries, or a halo entry and a plain one, on one operand
+        or result dimension? The lowering extends each halo's operands on their own
+        (`spmd/rules/halo.py`), so such a nest has no local program. (A weight-gradient
+        convolution has both a forward halo, image to kernel, and a weight-gradient halo,
+        image and output gradient to a partial kernel, on the image's padded tiles.)"""
+        halo = entry.halo if isinstance(entry, HaloEntry) else None
+        for _, e in self.nests.get(op, ()):
+            if (e.halo if isinstance(e, HaloEntry) else None) == halo:
+                continue
+            if any(d is not None and d == o for d, o in zip(entry.operands, e.operands)):
+                return True
+            if any(not isinstance(d, Sum) and d == o for d, o in zip(entry.results, e.results)):
+                return True
+        return False
+
     def padding_allowed(self, op: Op, entry: TMREntry, axis: str) -> bool:
         """May `op` loop over `axis` with `entry` on padded tiles (padding on, and an entry
         that keeps padding in padding or whose reads of it the lowering masks; a halo entry
