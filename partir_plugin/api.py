@@ -126,6 +126,36 @@ class PartitionedFunction:
                 f"{str(e).splitlines()[0]} partir.jit takes arrays (and pytrees of them) only, "
                 f"and has no static_argnums: close over the other arguments "
                 f"(functools.partial(fn, config=...)) and partition that") from None
+        except ValueError as e:
+            if "incompatible devices" not in str(e):
+                raise
+            # Off the fast path: jax refuses arrays committed to the mesh's devices in
+            # another order (a Mesh over a permutation); jax.jit with in_shardings moves
+            # them, and so does this.
+            return self._jitted(*self._placed(self._positional(args, kwargs)))
+
+    def _placed(self, args: tuple) -> tuple:
+        """`args` with every array committed to the mesh's devices in another layout moved
+        to the program's input sharding; one committed to other devices is an error naming
+        it (jax.jit refuses those too: data is not moved between device sets implicitly)."""
+        import jax
+
+        p = self.partition(args)
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        mesh_devices = set(self.jax_mesh.devices.flat)
+        placed = []
+        for leaf, name, sharding in zip(leaves, p.traced.leaves, p.function.in_shardings):
+            if isinstance(leaf, jax.Array) and leaf.committed:
+                if set(leaf.sharding.device_set) != mesh_devices:
+                    ids = sorted(d.id for d in leaf.sharding.device_set)
+                    raise ValueError(
+                        f"argument {name.qualified!r} is committed to devices {ids}, not to "
+                        f"the step's mesh (devices "
+                        f"{sorted(d.id for d in mesh_devices)}); place it with "
+                        f"jax.device_put(x, meta.in_shardings...) or pass it uncommitted")
+                leaf = jax.device_put(leaf, sharding)
+            placed.append(leaf)
+        return jax.tree_util.tree_unflatten(treedef, placed)
 
 
 def jit(fn, mesh, schedule: Sequence = (), *, donate_argnums=(), hardware=None,

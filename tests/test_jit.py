@@ -194,6 +194,24 @@ def test_donation_consumes_inputs_and_aliases_buffers():
     assert float(total) == float(ref_total)
 
 
+def test_arguments_committed_elsewhere_are_moved_or_named(chain_args):
+    """An argument committed to the mesh's devices in another order (a Mesh built over a
+    permutation of them) is moved to the program's input sharding, as jax.jit with
+    in_shardings does; jax's own error blamed a "shard_map inside jit" the user never wrote.
+    One committed to other devices is refused, naming it, as jax.jit refuses it."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    x, w1, w2 = chain_args
+    step, _ = partir.jit(matmul_chain, {"B": 4, "M": 2}, _listing6())
+    reversed_mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("B", "M"))
+    xs = jax.device_put(x, NamedSharding(reversed_mesh, PartitionSpec(None, "B")))
+    ref = jax.jit(matmul_chain)(x, w1, w2)
+    np.testing.assert_allclose(np.asarray(step(xs, w1, w2=w2)), np.asarray(ref), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match=r"argument 'w1' is committed to devices \[3\]"):
+        step(x, jax.device_put(w1, jax.devices()[3]), w2)
+
+
 def test_keyword_arguments_bind_like_jax_jit(chain_args):
     x, w1, w2 = chain_args
     step, meta = partir.jit(matmul_chain, {"B": 4, "M": 2}, _listing6())
