@@ -379,6 +379,12 @@ def test_pp_errors_name_the_tactic(model):
         partir.jit(step, {"stage": 2, "batch": 4}, [
             partir.tactic("PP", microbatches=8), partir.tactic("BP", axis="batch")]
         )[0].lower(*args)
+    # Two PP tactics: the second used to say it found no layer loop (the first took it).
+    with pytest.raises(partir.PartitionError, match=r"PP \(axis 'stage'\) and PP2 \(axis "
+                                                    r"'more'\) each pipeline the layer loop"):
+        partir.jit(step, {"stage": 2, "more": 2}, [
+            partir.tactic("PP", microbatches=4),
+            partir.tactic("PP", axis="more", microbatches=4, name="PP2")])[0].lower(*args)
 
 
 def test_batch_coupled_layer_bodies_warn():

@@ -239,7 +239,16 @@ def _dispatching_scan(f, init, xs=None, length=None, reverse=False, unroll=1, **
             fn = h.remat(fn, trips, unit, kind)
         return fn
 
-    runner = next((h for h in hooks if h.substitutes), None)
+    runners = [h for h in hooks if h.substitutes]
+    if len(runners) > 1:
+        runs = [h.entered() for h in runners]
+        names = " and ".join(f"{r.name} (axis {getattr(r.tactic, 'axis', '?')!r})"
+                             for r in runs)
+        raise PartitionError(
+            f"{names} each pipeline the layer loop at {call.site}: a step's layer loop is "
+            f"pipelined by one tactic (for more stages, give one PP a larger axis, or "
+            f"`repeats` for a circular schedule)")
+    runner = runners[0] if runners else None
     if runner is not None:
         return runner.substitute(call, remat)
     layers = jax.tree.leaves(xs)[0].shape[0]
