@@ -87,6 +87,38 @@ def test_a_tag_decided_twice_on_one_axis_names_the_earlier_decision():
         step.lower(np.ones((8, 8), np.float32))
 
 
+def test_a_loop_carry_tiled_two_ways_says_it_is_a_loop_carry():
+    """A tag on a loop's carry, or a shard_map inside the loop, decides the carry's tiling,
+    which the loop's operand shares: an argument the loop starts from cannot be tiled
+    otherwise. The messages blamed an earlier tactic (there was none) or named only the
+    dimension (helper-22)."""
+    import jax
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    x = np.ones((32, 16), np.float32)
+
+    def tagged(x):
+        return lax.fori_loop(0, 3, lambda i, c: partir.tag(c * 0.5 + 1, "w"), x)
+
+    step, _ = partir.jit(tagged, {"a": 8}, [
+        partir.ManualPartition({"x": 0}, axis="a", tags={"w": 1})])
+    with pytest.raises(partir.PartitionError, match=r"tag 'w' on axis 'a': it is a loop's "
+                                                    r"carry .* already tiled on dimension 0"):
+        step.lower(x)
+
+    mesh = jax.make_mesh((8,), ("a",), axis_types=(jax.sharding.AxisType.Auto,))
+    inner = jax.shard_map(lambda c: c * 2, mesh=mesh, in_specs=P("a"), out_specs=P("a"))
+
+    def mapped(x):
+        return lax.fori_loop(0, 2, lambda i, c: inner(c) * 0.1, x)
+
+    step, _ = partir.jit(mapped, mesh, [partir.ManualPartition({"x": 1}, axis="a")])
+    with pytest.raises(partir.PartitionError, match=r"argument 'x' on dimension 1 .* enters a "
+                                                    r"loop as its carry.*shard_map"):
+        step.lower(x)
+
+
 def test_symbolic_dimensions_are_refused_clearly():
     """A shape-polymorphic export of the step (jax.export.symbolic_shape) is refused naming
     the shape; it failed deep in MLIR's pass pipeline."""

@@ -106,7 +106,7 @@ class TacticContext:
                 self._check_undecided(v, axis, what)
             if self.state.dim_of(v, axis) is not None:
                 raise PartitionError(f"cannot make {what} atomic on axis {axis!r}: an earlier "
-                                     f"action already tiled it on that axis")
+                                     f"action already tiled it on that axis")  # not a tag
             if tagged:
                 self.state.boundaries.add((v.producer, axis))
             self.state.atomic.add((v, axis))
@@ -114,6 +114,13 @@ class TacticContext:
 
     def _check_undecided(self, v: Value, axis: str, what: str) -> None:
         current = self.state.dim_of(v, axis)
+        if current is not None and len(self.state.aliases.get(v, (v,))) > 1:
+            raise PartitionError(
+                f"cannot decide {what} on axis {axis!r}: it is a loop's carry (a while, "
+                f"fori_loop or scan body returns it), which has one distribution with the "
+                f"loop's operand and result, and that is already tiled on dimension {current} "
+                f"(an argument's tiling reached the loop's operand); tile the value the loop "
+                f"starts from alike, or tag the loop's result instead")
         if current is not None and (v.producer, axis) in self.state.boundaries:
             raise PartitionError(
                 f"cannot decide {what} on axis {axis!r}: an earlier tactic already decided it "

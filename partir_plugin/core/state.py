@@ -320,6 +320,11 @@ class PartitionState:
             return f"it has no dimension {dim} (type {v.type})"
         current = self.dim_of(v, axis)
         if current is not None:
+            if len(self.aliases.get(v, (v,))) > 1:
+                return (f"it is already tiled on axis {axis!r} (dimension {current}): it "
+                        f"enters a loop as its carry, which has one distribution with it, "
+                        f"and the carry's was decided inside the loop (a shard_map's in_specs "
+                        f"or a tag there), or by an earlier tiling of the loop")
             return f"it is already tiled on axis {axis!r} (dimension {current})"
         if v.type.shape[dim] == 0:
             return f"dimension {dim} is empty"  # nothing to split; no collective takes it
