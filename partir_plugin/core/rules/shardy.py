@@ -18,7 +18,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ...ir.attributes import parse_array
+from ...ir.attributes import parse_array, parse_i64_array
 from ...ir.graph import Op
 from ...ir.opsets import UNHALOED_OPS, Reduction
 from ..tmr import OWN_REDUCER, Sum, TMREntry
@@ -88,11 +88,35 @@ def parse_rule(text: str) -> ShardyRule | None:
 
 def _indexed_operand_dims(op: Op) -> set[int]:
     """Operand dims a gather/scatter indexes into: tiling them would index a tile with global
-    indices, so Shardy's pass-through factor there is not a plain tiling for us."""
+    indices, so Shardy's pass-through factor there is not a plain tiling for us. Except where
+    the slice (the update window) spans the whole dimension, as in jax's vmap of a
+    dynamic_slice or dynamic_update_slice: a gather's start there clamps to 0 on the whole
+    array and on a tile alike, and a scatter's window is in bounds on both exactly when its
+    start is 0, so each tile reads (writes) its own rows."""
     text = op.attributes.get("dimension_numbers") or op.attributes.get(
         "scatter_dimension_numbers", "")
     m = re.search(r"(?:start_index_map|scatter_dims_to_operand_dims) = \[([0-9, ]*)\]", text)
-    return {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
+    indexed = {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
+    return indexed - _whole_window_dims(op, text)
+
+
+def _whole_window_dims(op: Op, numbers: str) -> set[int]:
+    """The operand dims whose gather slice or scatter update window is the whole dimension."""
+    shape = op.operands[0].type.shape
+    if op.name == "stablehlo.gather":
+        sizes = parse_i64_array(op.attributes.get("slice_sizes", ""))
+        return {d for d, n in enumerate(sizes) if d < len(shape) and n == shape[d]}
+    if len(op.operands) != 3:  # one operand, indices, updates (not a variadic scatter)
+        return set()
+
+    def ints(key: str) -> list[int]:
+        found = re.search(key + r" = \[([0-9, ]*)\]", numbers)
+        return [int(x) for x in found.group(1).split(",") if x.strip()] if found else []
+
+    removed = set(ints("inserted_window_dims")) | set(ints("input_batching_dims"))
+    window = [d for d in range(len(shape)) if d not in removed]
+    updates = op.operands[2].type.shape
+    return {d for d, u in zip(window, ints("update_window_dims")) if updates[u] == shape[d]}
 
 
 def _window_reduction_halos(op: Op) -> frozenset[int]:
