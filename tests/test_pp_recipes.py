@@ -518,6 +518,94 @@ def test_per_layer_outputs_of_the_weights_only_do_not_gather_the_stack():
     assert counts.get("all_permute", 0) >= 2, f"PP's row has no stage permutes: {counts}"
 
 
+# == 5b. per-layer outputs computed from the activations ======================================
+
+class SowingBlock(nn.Module):
+    """An MLP block that sows its activations (row-wise) and an auxiliary loss (a mean over
+    the batch's rows), as models sow intermediates for logging and MoE balancing losses."""
+
+    @nn.compact
+    def __call__(self, x, _):
+        h = jax.nn.gelu(nn.Dense(F, name="up")(nn.LayerNorm(name="ln")(x)))
+        self.sow("intermediates", "hidden", h)
+        self.sow("intermediates", "aux", jnp.mean(h ** 2))
+        return x + nn.Dense(D, name="down")(h), None
+
+
+class SowingStack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        blocks = nn.scan(SowingBlock, variable_axes={"params": 0, "intermediates": 0},
+                         split_rngs={"params": True}, length=LAYERS)
+        return blocks(name="blocks")(x, None)[0]
+
+
+def _sowing_step(params, batch):
+    model = SowingStack()
+
+    def loss(params):
+        out, state = model.apply({"params": params}, batch["x"], mutable=["intermediates"])
+        sown = state["intermediates"]["blocks"]
+        aux = sown["aux"][0].sum()
+        return jnp.mean((out - batch["y"]) ** 2) + 0.1 * aux, sown
+
+    (value, sown), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    # Metrics as users log them: each layer's mean activation, its aux loss.
+    return value, grads, sown["hidden"][0].mean(axis=(1, 2)), sown["aux"][0]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "circular"])
+def test_sown_activations_and_auxiliary_losses_under_pp_bp(schedule):
+    """Flax `sow` inside nn.scan under PP: per-layer outputs computed from the activations,
+    row-wise ([L, B, F]) and a mean over the batch ([L]), each the unpipelined value. They
+    were refused ("a pipelined loop returns per-layer outputs that depend only on the
+    layers' own inputs")."""
+    batch = {"x": jax.random.normal(jax.random.PRNGKey(1), (16, D)),
+             "y": jax.random.normal(jax.random.PRNGKey(2), (16, D))}
+    params = SowingStack().init(jax.random.PRNGKey(0), batch["x"])["params"]
+    pp = partir.tactic("PP", axis="stage", microbatches=4, schedule=schedule,
+                       repeats=2 if schedule == "circular" else 1)
+    partitioned_matches_jit(_sowing_step, (params, batch), [pp, BP()],
+                            what=f"sown intermediates under [PP({schedule}), BP]")
+
+
+def _ys_step(params, batch):
+    """A plain scan whose ys hold the batch along dimension 1 and a sum over rows."""
+
+    def body(h, p):
+        a = jnp.tanh(h @ p["wq"])
+        return h + a @ p["wo"], (a.transpose(1, 0, 2)[:, :, :3], jnp.sum(a[..., 0] ** 2))
+
+    def loss(params):
+        out, (rows, sums) = lax.scan(body, batch["x"], params, reverse=True)
+        return jnp.mean((out - batch["y"]) ** 2) + 1e-2 * jnp.mean(rows ** 3) + 1e-3 * sums.sum()
+
+    return jax.value_and_grad(loss)(params)
+
+
+def test_per_layer_outputs_with_the_batch_inside_and_sums_over_rows():
+    partitioned_matches_jit(_ys_step, (_init_stack(names=("wq", "wo")), _tokens_batch()),
+                            [PP(4), BP()], what="row-wise and summed ys, reverse scan")
+    partitioned_matches_jit(_ys_step, (_init_stack(names=("wq", "wo")), _tokens_batch(b=8)),
+                            [PP(4)], mesh={"stage": 2}, what="PP alone")
+
+
+def test_per_layer_outputs_mixing_rows_are_refused_by_leaf():
+    """A per-layer output that is neither row-wise nor a sum over rows (each row minus the
+    batch's mean) cannot be computed per microbatch: refused, naming the scan's ys leaf."""
+    def step(params, batch):
+        def body(h, p):
+            a = jnp.tanh(h @ p["wq"])
+            return h + a @ p["wo"], (p["wq"].sum(), a - a.mean(0))
+
+        return lax.scan(body, batch["x"], params)[1][1].sum()
+
+    args = (_init_stack(names=("wq", "wo")), _tokens_batch())
+    with pytest.raises(partir.PartitionError, match=r"leaf 1 of the scan's ys.*mixes the "
+                                                    r"batch's rows"):
+        partir.jit(step, MESH, [PP(4), BP()])[0].lower(*args)
+
+
 # == 6. `partir report` with a PP schedule ===================================================
 
 def cli_step(params, batch):

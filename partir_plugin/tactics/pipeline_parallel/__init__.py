@@ -43,7 +43,7 @@ from ..layer_loop import (
     no_layer_loop,
     original_scan,
 )
-from .layer_program import KeptState, LayerProgram, call_body, computed_from
+from .layer_program import KeptState, LayerOutput, LayerProgram, call_body, computed_from
 from .weight_casts import cast_once, narrowed_inputs
 
 LAYERS_TAG = "pp/layers"  # each stacked per-layer input of the pipelined loop
@@ -169,7 +169,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     # by a scan over the layers before the pipeline (they become per-layer inputs).
     seq_final, seq_inputs = [], []
     if seq_at:
-        advance = program.sliced(seq_at, with_ys=False)
+        advance = program.sliced(seq_at)
 
         def seq_step(c, x):
             full = [None] * len(roles)
@@ -197,8 +197,12 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     micro_pe = [strided(v) for v in program.per_example]
     stage = jnp.arange(S)
     pos = S - 1 - stage if reverse else stage  # each stage's place in the pipeline
-    ys = _per_layer_outputs(program, stacked[:n_x + n_seq], n_x, seq_at, len(roles), scan,
-                            reverse, S, R, layers, narrow)
+    plain_ys = _per_layer_outputs(program, stacked[:n_x + n_seq], n_x, seq_at, len(roles),
+                                  scan, reverse, S, R, layers, narrow)
+    # Per-layer outputs computed from the activations: each stage writes its layers' for the
+    # microbatch it holds into its own block of a buffer (`_into_slots`), rows ones into slot
+    # (pass, microbatch), sums added into slot (pass).
+    made = [i for i, o in enumerate(program.ys_outputs) if o.from_activations]
 
     per = layers // (S * R)
 
@@ -215,13 +219,13 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
             cast = iter(x[n_x + n_seq:])
             weights = [cast_once(w.dtype, w, next(cast)) if d else w
                        for w, d in zip(x[:n_x], narrow)]
-            out, _ = program.apply(m, pe, full, weights)
-            return ([out[i] for i in batch_at], [out[i] for i in sum_at]), None
+            out, ys = program.apply(m, pe, full, weights)
+            return ([out[i] for i in batch_at], [out[i] for i in sum_at]), [ys[i] for i in made]
 
         if remat is not None:  # traced per stage (inside the vmap): S of them per layer
             one = remat(one, shape.iterations * per * S,
                         f"layer of a stage on a microbatch of {mb}", Unit.LAYER)
-        return scan(one, (h, sums), layer_inputs, reverse=reverse)[0]
+        return scan(one, (h, sums), layer_inputs, reverse=reverse)
 
     stage_body = jax.vmap(run_stage)
     if remat is not None:
@@ -244,7 +248,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
         return roll(y, -1 if reverse else 1, axis=0)
 
     def step(loop, xs):
-        (state, pe_state), outs, circ, acc = loop
+        (state, pe_state), outs, circ, acc, made_ys = loop
         t, entering_now = xs
         k = t - pos  # the step each stage works on: microbatch k mod M, pass k div M
         valid = (k >= 0) & (k < M * R)
@@ -263,8 +267,12 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                   for v in map(entering, first, state)]
         pe_in = list(map(entering, pe_first, pe_state))
         zero = [jnp.zeros((S, *v.shape), v.dtype) for v in (carry_leaves[i] for i in sum_at)]
-        out, sums = stage_body(inputs, pe_in, m, zero, chunk(t))
+        (out, sums), ys_now = stage_body(inputs, pe_in, m, zero, chunk(t))
         acc = [a + where_stage(valid, s, jnp.zeros_like(s)) for a, s in zip(acc, sums)]
+        slot = jnp.clip(k, 0, M * R - 1)  # pass * M + microbatch
+        made_ys = [_into_slots(b, y, slot if program.ys_outputs[i].rows is not None
+                               else slot // M, valid, program.ys_outputs[i].scale is not None)
+                   for b, y, i in zip(made_ys, ys_now, made)]
         shifted = [shift(y) for y in out]
         pe_shifted = [shift(y) for y in pe_in]
         # What the last stage finished: microbatch `done` (of some pass). Every iteration
@@ -283,7 +291,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                     for c, y in zip(circ, shifted)]
         outs = [lax.dynamic_update_index_in_dim(o, y[:, None], done, 1)
                 for o, y in zip(outs, out)]
-        return ((shifted, pe_shifted), outs, circ, acc), None
+        return ((shifted, pe_shifted), outs, circ, acc, made_ys), None
 
     state0 = [_tagged(jnp.full((S, *m.shape[1:]), fill, m.dtype), STATE_TAG) for m in micro]
     pe0 = [jnp.zeros((S, *m.shape[1:]), m.dtype) for m in micro_pe]
@@ -291,13 +299,17 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     circ0 = [jnp.full((S, *m.shape), fill, m.dtype) for m in micro] if R > 1 else []
     acc0 = [jnp.zeros((S, *jnp.shape(carry_leaves[i])), jnp.result_type(carry_leaves[i]))
             for i in sum_at]
+    ys_avals = jax.tree.leaves(program.ys_shapes)
+    made0 = [jnp.full((S, M * R, per, *ys_avals[i].shape), fill, ys_avals[i].dtype)
+             if program.ys_outputs[i].rows is not None
+             else jnp.zeros((S, R, per, *ys_avals[i].shape), ys_avals[i].dtype) for i in made]
     # Microbatch t enters the first stage at iteration t (zeros after the last, which no
     # stage uses): scanned over rather than indexed, since the gradient of an indexed loop
     # input adds a whole [M, ...] buffer every iteration (M² work in a step).
     entering = [jnp.concatenate([x, jnp.zeros((shape.iterations - M, *x.shape[1:]), x.dtype)])
                 for x in micro]
-    (_, outs, _, acc), _ = scan(step, ((state0, pe0), outs0, circ0, acc0),
-                                (jnp.arange(shape.iterations), entering))
+    (_, outs, _, acc, made_ys), _ = scan(step, ((state0, pe0), outs0, circ0, acc0, made0),
+                                         (jnp.arange(shape.iterations), entering))
     # The last stage's block, taken as a masked sum over stages (one reduction over the stage
     # axis once partitioned, rather than a gather of every stage's block).
     outs = [jnp.sum(where_stage(pos == S - 1, o, jnp.zeros_like(o)), axis=0) for o in outs]
@@ -311,7 +323,41 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
         total = jnp.sum(a, axis=0)
         final[i] = (carry_leaves[i] + (total if scale == 1 else total * scale)).astype(
             jnp.result_type(carry_leaves[i]))
-    return jax.tree.unflatten(carry_tree, final), ys
+    ys = list(plain_ys)
+    for i, b in zip(made, made_ys):
+        ys[i] = _assembled(b, program.ys_outputs[i], S, R, M, layers)
+    return jax.tree.unflatten(carry_tree, final), jax.tree.unflatten(
+        jax.tree.structure(program.ys_shapes), ys)
+
+
+def _into_slots(buffers, ys, slots, valid, add: bool):
+    """Each stage's `ys` (its layers' outputs on the microbatch it holds) written, or added,
+    into slot `slots[s]` of its block of `buffers` where `valid[s]` (a bubble writes nothing):
+    one slot per stage, local to it once the stage dimension is tiled."""
+    def one(b, y, i, v):
+        old = lax.dynamic_index_in_dim(b, i, 0, keepdims=False)
+        new = old + jnp.where(v, y, jnp.zeros_like(y)) if add else jnp.where(v, y, old)
+        return lax.dynamic_update_index_in_dim(b, new.astype(b.dtype), i, 0)
+
+    return jax.vmap(one)(buffers, ys, slots, valid)
+
+
+def _assembled(buffer, output: LayerOutput, S: int, R: int, M: int, layers: int):
+    """The scan's `[L, ...]` per-layer output from the pipeline's buffer: `[S, M·R, L/(S·R),
+    ...]` of microbatch rows (microbatch m is rows m, m+M, ... of the batch along
+    `output.rows`), or `[S, R, L/(S·R), ...]` of sums over microbatches (times
+    `output.scale`)."""
+    per = layers // (S * R)
+    if output.rows is None:
+        a = buffer.reshape(layers, *buffer.shape[3:])
+        a = interleave(a, R, S, inverse=True) if R > 1 else a
+        return (a * output.scale).astype(buffer.dtype) if output.scale != 1 else a
+    rest = buffer.shape[3:]
+    a = buffer.reshape(S, R, M, per, *rest).swapaxes(2, 3).reshape(layers, M, *rest)
+    a = interleave(a, R, S, inverse=True) if R > 1 else a
+    d = output.rows
+    a = jnp.moveaxis(a, 1, d + 2)  # [L, ..., rows of a microbatch, M, ...]
+    return a.reshape(layers, *rest[:d], rest[d] * M, *rest[d + 1:])
 
 
 def _narrowed(x: list, narrow: list) -> list:
@@ -322,13 +368,14 @@ def _narrowed(x: list, narrow: list) -> list:
 def _per_layer_outputs(program: LayerProgram, stacked: list, n_x: int, seq_at: list[int],
                        n_carry: int, scan: Callable, reverse: bool, S: int, R: int,
                        layers: int, narrow: list):
-    """The scan's per-layer outputs `ys` (ones that do not depend on the activations: Flax
-    `nn.scan`'s empty tuples, `nnx.scan`'s module state), each stage computing its own layers'
-    from the layer inputs it holds, so no stacked input moves between stages."""
-    shapes = program.ys_shapes
-    if not jax.tree.leaves(shapes):
-        return shapes
-    compute = program.sliced([], with_ys=True)
+    """The leaves of the scan's per-layer outputs `ys` that do not depend on the activations
+    (Flax `nn.scan`'s module state, `nnx.scan`'s), None for the others: each stage computes its
+    own layers' from the layer inputs it holds, so no stacked input moves between stages."""
+    leaves = jax.tree.leaves(program.ys_shapes)
+    plain = [i for i, o in enumerate(program.ys_outputs) if not o.from_activations]
+    if not plain:
+        return [None] * len(leaves)
+    compute = program.sliced([], ys=plain)
 
     def per_layer(_, x):
         full = [None] * n_carry
@@ -343,7 +390,10 @@ def _per_layer_outputs(program: LayerProgram, stacked: list, n_x: int, seq_at: l
     out = [o.reshape(layers, *o.shape[3:]) for o in out]
     if R > 1:
         out = [interleave(o, R, S, inverse=True) for o in out]
-    return jax.tree.unflatten(jax.tree.structure(shapes), out)
+    found: list = [None] * len(leaves)
+    for i, o in zip(plain, out):
+        found[i] = o
+    return found
 
 
 @dataclass(frozen=True)

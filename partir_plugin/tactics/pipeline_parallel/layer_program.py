@@ -22,6 +22,10 @@ on a microbatch, the pipeline needs more than the carry's rows:
   the microbatch's rows (an MoE auxiliary loss) are summed over microbatches (`summed`,
   `row_sums` decides when that is exact); anything else is refused, naming the scan's line and
   the carry leaf.
+- **Per-layer outputs** (the scan's `ys`, e.g. Flax `sow`n intermediates) are sorted alike
+  (`LayerOutput`): computed from the layer's inputs alone, row-wise in the activations
+  (assembled from the microbatches' rows), or sums over the batch's rows; anything else is
+  refused.
 
 The program is the body's jaxpr at the microbatch size, inputs `(per-example..., carry...,
 x...)`, outputs `(carry..., ys...)`, evaluated inside the pipeline (`apply`).
@@ -179,6 +183,23 @@ def _fits(shapes, carry_leaves, batch_mask, rows: int) -> bool:
         for o, c, b in zip(out, carry_leaves, batch_mask))
 
 
+@dataclass(frozen=True)
+class LayerOutput:
+    """How the pipeline makes one leaf of the scan's per-layer outputs `ys`: from the layer's
+    own inputs (both None: each stage computes its layers' outside the pipeline, e.g. Flax
+    `nn.scan`'s module state); row-wise in the activations with the batch along dimension
+    `rows` (an attention map, a sown activation: assembled from the microbatches' rows); or a
+    sum over the batch's rows (a per-layer MoE auxiliary loss: the microbatches' outputs
+    summed, times `scale`)."""
+
+    rows: int | None = None
+    scale: float | None = None
+
+    @property
+    def from_activations(self) -> bool:
+        return self.rows is not None or self.scale is not None
+
+
 @dataclass
 class LayerProgram:
     """The layer body at the microbatch size (module docstring)."""
@@ -194,6 +215,7 @@ class LayerProgram:
     n_x: int
     carry_names: list[str] = field(default_factory=list)
     summed_scale: dict = field(default_factory=dict)  # leaf index -> factor on the sum
+    ys_outputs: list[LayerOutput] = field(default_factory=list)  # per ys leaf
 
     @classmethod
     def build(cls, f: Callable, init, xs, *, microbatches: int, captured: Sequence,
@@ -240,20 +262,26 @@ class LayerProgram:
                                      *(v for v, b in zip(carry_in, self.batch_mask) if b)])
 
     def _roles(self, site: str, sentinel_jaxpr, sentinel_rows: int) -> list[str]:
-        from .row_sums import sum_over_rows
+        from .row_sums import rows_or_sums, sum_over_rows
 
         jaxpr = self.jaxpr.jaxpr
         n_pe, n_c = len(self.per_example), len(self.batch_mask)
         tainted = self._tainted()
         outs = jaxpr.outvars
-        ys_out = outs[n_c:]
-        bad_ys = [i for i, v in enumerate(ys_out) if v in tainted]
-        if bad_ys:
-            raise PartitionError(
-                f"PP: the layer loop at {site} returns per-layer outputs computed from the "
-                f"activations (output leaf {bad_ys[0]} of the scan's ys); a pipelined loop "
-                f"returns per-layer outputs that depend only on the layers' own inputs (a "
-                f"module's state)")
+        computed = [n_c + i for i, v in enumerate(outs[n_c:]) if v in tainted]
+        found = dict(zip(computed, rows_or_sums(jaxpr, sentinel_jaxpr.jaxpr, computed, tainted,
+                                                self.microbatches, sentinel_rows)))
+        self.ys_outputs = []
+        for i in range(n_c, len(outs)):
+            rows, scale, why = found.get(i, (None, None, ""))
+            if why:
+                raise PartitionError(
+                    f"PP: the layer loop at {site} returns a per-layer output computed from "
+                    f"the activations (leaf {i - n_c} of the scan's ys) in a way the pipeline "
+                    f"cannot reproduce per microbatch: {why}. A pipelined loop's per-layer "
+                    f"outputs are computed from the layer's own inputs, row by row from the "
+                    f"activations (batch-major), or as sums over the batch's rows")
+            self.ys_outputs.append(LayerOutput(rows, scale))
         roles = []
         for i, b in enumerate(self.batch_mask):
             if b:
@@ -288,15 +316,15 @@ class LayerProgram:
         n = len(self.batch_mask)
         return outs[:n], outs[n:]
 
-    def sliced(self, carry_outputs: Sequence[int], with_ys: bool):
-        """A function `(carry leaves, x leaves) -> (chosen carry outputs, ys leaves)`: the
-        layer restricted to what computes those (the activations' part dropped by DCE)."""
+    def sliced(self, carry_outputs: Sequence[int], ys: Sequence[int] = ()):
+        """A function `(carry leaves, x leaves) -> (chosen carry outputs, chosen ys leaves)`:
+        the layer restricted to what computes those (the activations' part dropped by DCE)."""
         from jax._src.interpreters import partial_eval as pe
 
         jaxpr = self.jaxpr.jaxpr
         n_c = len(self.batch_mask)
-        used = [i in carry_outputs for i in range(n_c)] + [with_ys] * (
-            len(jaxpr.outvars) - n_c)
+        used = [i in carry_outputs for i in range(n_c)] + [
+            i in ys for i in range(len(jaxpr.outvars) - n_c)]
         dced, used_in = pe.dce_jaxpr(jaxpr, used, instantiate=True)
         n_pe = len(self.per_example)
         keep = [i for i, u in enumerate(used_in) if u]

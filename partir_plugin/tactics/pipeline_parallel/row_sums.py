@@ -1,4 +1,5 @@
-"""Is a carried value of a layer loop a sum over the batch's rows? (issue 34)
+"""Is a carried value of a layer loop a sum over the batch's rows, and is a per-layer output
+row-wise or such a sum? (issue 34)
 
 A layer loop may carry, besides the batch-major activations, a value without the batch that
 each layer adds to: an MoE auxiliary loss `aux + mean(router_prob ...)`. Pipelined, each
@@ -219,15 +220,14 @@ def _dot(ins, dimension_numbers, eqn):
     return None
 
 
-def sum_over_rows(jaxpr, sentinel, invar: int, outvar: int, tainted: set, microbatches: int,
-                  sentinel_rows: int) -> tuple[float | None, str]:
-    """For carried input `jaxpr.invars[invar]` and its output `jaxpr.outvars[outvar]`: the
-    factor to apply to the sum over microbatches of (output - input) to get the unpipelined
-    loop's (output - input), or None with the reason it has none."""
+def _classes(jaxpr, sentinel, tainted: set, sentinel_rows: int, carried: int | None = None
+             ) -> list | str:
+    """The class of every output of the layer (module docstring), its batch inputs row-wise
+    along dimension 0 and input `carried` the carried value ("k"); or why there are none."""
     rows = None
     classes: list = []
     for i, v in enumerate(jaxpr.invars):
-        if i == invar:
+        if i == carried:
             classes.append(("k", None))
         elif v in tainted:
             classes.append(("r", 0))
@@ -235,13 +235,44 @@ def sum_over_rows(jaxpr, sentinel, invar: int, outvar: int, tainted: set, microb
         else:
             classes.append(("c", 0))
     if rows is None:
-        return None, "no batch input"
+        return "no batch input"
     try:
-        out = _Walk(rows, sentinel_rows).run(jaxpr, sentinel, classes)[outvar]
+        return _Walk(rows, sentinel_rows).run(jaxpr, sentinel, classes)
     except _Mismatch:
-        return None, "the layer body traces differently at another microbatch size"
-    if out is None or out[0] != "k":
-        return None, "it is not the carried value plus sums over the batch's rows"
-    if out[1] is None:
+        return "the layer body traces differently at another microbatch size"
+
+
+def sum_over_rows(jaxpr, sentinel, invar: int, outvar: int, tainted: set, microbatches: int,
+                  sentinel_rows: int) -> tuple[float | None, str]:
+    """For carried input `jaxpr.invars[invar]` and its output `jaxpr.outvars[outvar]`: the
+    factor to apply to the sum over microbatches of (output - input) to get the unpipelined
+    loop's (output - input), or None with the reason it has none."""
+    classes = _classes(jaxpr, sentinel, tainted, sentinel_rows, carried=invar)
+    if isinstance(classes, str):
+        return None, classes
+    out = classes[outvar]
+    if out is None or out[0] != "k" or out[1] is None:
         return None, "it is not the carried value plus sums over the batch's rows"
     return float(microbatches) ** out[1], ""
+
+
+def rows_or_sums(jaxpr, sentinel, outvars: list[int], tainted: set, microbatches: int,
+                 sentinel_rows: int) -> list[tuple[int | None, float | None, str]]:
+    """For each output in `outvars` (one computed from the batch): `(dim, None, "")` where it
+    is row-wise with the batch along `dim` (each row computed from its own row: the
+    microbatches' outputs are its rows), `(None, factor, "")` where it is a sum over the
+    batch's rows (`factor` on the sum over microbatches gives the whole batch's), or
+    `(None, None, why)`."""
+    classes = _classes(jaxpr, sentinel, tainted, sentinel_rows)
+    found = []
+    for i in outvars:
+        c = classes if isinstance(classes, str) else classes[i]
+        if isinstance(c, str):
+            found.append((None, None, c))
+        elif c is not None and c[0] == "r":
+            found.append((c[1], None, ""))
+        elif c is not None and c[0] == "s":
+            found.append((None, float(microbatches) ** c[1], ""))
+        else:
+            found.append((None, None, "it mixes the batch's rows other than by a sum"))
+    return found
