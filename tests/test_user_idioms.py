@@ -120,3 +120,33 @@ def test_optimizers_that_reduce_over_parameters_with_zero3(transform):
                                     "opt_state": partir.FIRST_DIVISIBLE_DIM}, axis="data")
     assert_matches_jax_jit(step, (params, opt.init(params), batch, labels), {"data": 8},
                            [BP, zero3], what=transform)
+
+
+def test_vmapped_dynamic_slices_keep_whole_dimensions_tiled():
+    """`jax.vmap` of `dynamic_slice`/`dynamic_update_slice` (a per-row KV-cache write, a
+    per-stage buffer slot) is a gather/scatter whose index vector names every dimension,
+    most with a slice or window spanning the whole dimension. Those tile as pass-throughs:
+    each device reads and writes its own columns, with starts that are out of range and
+    negative, on even and padded tiles; before, every tile was all-gathered."""
+    import numpy as np
+    from jax import lax
+
+    def write(arg0, arg1, arg2):
+        def one(cache, new, t):
+            old = lax.dynamic_slice(cache, (t, 0), (1, cache.shape[1]))
+            return lax.dynamic_update_slice(cache, jnp.tanh(new[None] + old), (t, 0)), old
+        return jax.vmap(one)(arg0, arg1, arg2)
+
+    rng = np.random.default_rng(0)
+    for heads, mesh in ((16, {"data": 4}), (13, {"data": 4}), (8, {"data": 2, "model": 4})):
+        cache = rng.normal(size=(4, 6, heads)).astype(np.float32)
+        new = rng.normal(size=(4, heads)).astype(np.float32)
+        starts = np.array([0, 9, -2, 3], np.int32)
+        schedule = [partir.ManualPartition({"arg0": 2, "arg1": 1}, axis="data")]
+        if "model" in mesh:
+            schedule.append(partir.ManualPartition({"arg0": 0, "arg1": 0, "arg2": 0},
+                                                   axis="model"))
+        matched = assert_matches_jax_jit(write, (cache, new, starts), mesh, schedule,
+                                         gradients=True, uneven_outputs="replicate")
+        if heads % 4 == 0:
+            assert not matched.meta.tactics[-1].collectives.get("all_gather"), heads
