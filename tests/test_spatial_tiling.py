@@ -27,6 +27,33 @@ def test_issue_18_weight_gradient_with_tiled_height():
                            [partir.ManualPartition({"img": 1}, axis="m")])
 
 
+@pytest.mark.parametrize("groups,height,mesh", [
+    (8, 32, {"h": 4, "b": 2}), (4, 30, {"h": 4, "b": 2}), (8, 28, {"h": 8})])
+def test_grouped_and_depthwise_convolutions_tile_batch_and_space(groups, height, mesh):
+    """A depthwise (MobileNet, ConvNeXt) or grouped convolution keeps the batch and its
+    spatial dimensions tiled, with halos, forward and backward: grouped convolutions had no
+    entries at all, so BP gathered the batch and a spatial tiling gathered the image
+    (helper-21). The groups themselves stay whole (their local count would change)."""
+    def step(img, ker):
+        def loss(img, ker):
+            y = jax.lax.conv_general_dilated(img, ker, (1, 1), "SAME",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                             feature_group_count=groups)
+            return (jax.nn.gelu(y) ** 2).sum()
+        return jax.value_and_grad(loss, argnums=(0, 1))(img, ker)
+
+    img = jax.random.normal(jax.random.PRNGKey(0), (4, height, 16, 8))
+    ker = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 8 // groups, 16))
+    schedule = [partir.ManualPartition({"img": 1}, axis="h")]
+    if "b" in mesh:
+        schedule.append(partir.ManualPartition({"img": 0}, axis="b"))
+    matched = assert_matches_jax_jit(step, (img, ker), mesh, schedule,
+                                     uneven_outputs="replicate")
+    if height % mesh["h"] == 0:
+        counts = matched.meta.tactics[-1].collectives
+        assert not counts.get("all_gather") and counts.get("all_permute"), counts
+
+
 SPATIAL = [(c, arg, dim) for c in CASES for arg, dim in c.spatial]
 
 

@@ -27,6 +27,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from ..ir.graph import Op, Value
+from .rules.halo import grouped_dim
 from .rules.shardy import ShardyRule, parse_rule
 from .state import PartitionState
 from .subaxis import SubAxis
@@ -65,8 +66,8 @@ def split_loops(state: PartitionState, op: Op, axis: str) -> list[Piece] | None:
     """The loops over parts of `axis` that let `op` run on the tiles its neighbours have on
     `axis`, when a dimension tiled on `axis` is a compound of factors; None when there is
     no such dimension or the factors do not divide the axis consistently."""
-    if op.rule is None or op.captures or len(op.results) != 1:
-        return None
+    if op.rule is None or op.captures or len(op.results) != 1 or grouped_dim(op) is not None:
+        return None  # a grouped convolution's compound feature dims hold its groups
     rule = _rule(op.rule)
     if rule is None or not compound_dims(op) or len(rule.operands) != len(op.operands):
         return None

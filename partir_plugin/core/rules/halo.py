@@ -336,16 +336,26 @@ def halo_entries(op: Op, existing: list[TMREntry]) -> list[HaloEntry]:
     return out
 
 
-def grouped_convolution(op: Op) -> bool:
-    """Grouped or batch-grouped convolutions tie feature tiles to groups: not plain tiling
-    (no entry at all, halo or Shardy's)."""
-    return op.name == "stablehlo.convolution" and any(
-        not op.attributes.get(k, "1 : i64").startswith("1 ")
-        for k in ("feature_group_count", "batch_group_count"))
+def grouped_dim(op: Op) -> int | None:
+    """The lhs dimension a grouped convolution splits into groups (its feature dimension
+    for `feature_group_count` > 1, its batch dimension for `batch_group_count` > 1, the
+    weight gradient of a grouped convolution), else None. Tiling it changes the local group
+    count, which the lowering keeps global: only the other dimensions tile (the batch,
+    the spatial ones with halos, a weight gradient's contracted batch)."""
+    if op.name != "stablehlo.convolution":
+        return None
+    m = re.search(r"\[([^\]]*)\]x", op.attributes.get("dimension_numbers", ""))
+    if not m:
+        return None
+    lhs = [x.strip() for x in m.group(1).split(",")]
+    for key, label in (("feature_group_count", "f"), ("batch_group_count", "b")):
+        if not op.attributes.get(key, "1 : i64").startswith("1 ") and label in lhs:
+            return lhs.index(label)
+    return None
 
 
 def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:
     """The provider: a windowed op's entries (Shardy's) with the halo entries they lack."""
-    if found is None or op.name not in WINDOWED_OPS or grouped_convolution(op):
+    if found is None or op.name not in WINDOWED_OPS:
         return found
     return [*found, *halo_entries(op, found)]

@@ -22,7 +22,7 @@ from ...ir.attributes import parse_array, parse_i64_array
 from ...ir.graph import Op
 from ...ir.opsets import UNHALOED_OPS, Reduction
 from ..tmr import OWN_REDUCER, Sum, TMREntry
-from .halo import grouped_convolution, windowed_dims
+from .halo import grouped_dim, windowed_dims
 from .reductions import reduce_kind, scatter_kind, variadic
 
 _FACTOR = re.compile(r"[a-z](?:_\d+)?")
@@ -161,8 +161,6 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
     None where it has none we use."""
     if op.name in DENIED or op.rule is None or op.captures:
         return None
-    if grouped_convolution(op):
-        return []
     if op.name == "stablehlo.reduce":
         reduction = reduce_kind(op) or (OWN_REDUCER if variadic(op) else None)
     elif op.name == "stablehlo.scatter":
@@ -185,6 +183,9 @@ def entries_from_shardy(op: Op) -> list[TMREntry] | None:
         halos = _window_reduction_halos(op)
         entries = [e for e in entries
                    if not (e.operands[0] in halos and any(isinstance(r, Sum) for r in e.results))]
+        grouped = grouped_dim(op)
+        if grouped is not None:  # no entry tiles the groups or ties kernel features alone
+            entries = [e for e in entries if e.operands[0] not in (grouped, None)]
     return list(entries)
 
 
