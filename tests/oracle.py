@@ -84,6 +84,14 @@ def adam_step_parameters(want: Any) -> bool:
                jax.tree.leaves(want[1], is_leaf=lambda x: isinstance(x, adam)))
 
 
+def _words(x: Any) -> np.ndarray:
+    """A leaf as numpy; typed PRNG keys (an optimizer's noise key) as their key data."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        x = jax.random.key_data(x)
+    return np.asarray(x)
+
+
 def mismatches(got: Any, want: Any, rtol: float | None = None) -> list[str]:
     """One line per leaf of `got` that is not `want`'s to the policy's tolerance (an Adam
     step's parameters to `ADAM_PARAMS_RTOL` or their dtype's, whichever is looser, unless
@@ -95,7 +103,7 @@ def mismatches(got: Any, want: Any, rtol: float | None = None) -> list[str]:
     adam = rtol is None and adam_step_parameters(want)
     out = []
     for (path, g), (_, w) in zip(gl, wl, strict=True):
-        g, w = np.asarray(g), np.asarray(w)
+        g, w = _words(g), _words(w)
         leaf_rtol = rtol
         if adam and path and path[0] == jax.tree_util.SequenceKey(0):  # never below the dtype's
             leaf_rtol = max(dtype_rtol(w.dtype), ADAM_PARAMS_RTOL)

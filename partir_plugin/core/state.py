@@ -318,6 +318,9 @@ class PartitionState:
             return reason
         if not v.type.is_tensor or dim >= v.type.rank or dim < 0:
             return f"it has no dimension {dim} (type {v.type})"
+        if dim >= self.func.element_rank.get(v, dim + 1):
+            return (f"dimension {dim} of {v.type} holds each element's words (an array of "
+                    f"PRNG keys of rank {self.func.element_rank[v]}), not an array dimension")
         current = self.dim_of(v, axis)
         if current is not None:
             if len(self.aliases.get(v, (v,))) > 1:

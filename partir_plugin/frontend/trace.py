@@ -221,6 +221,10 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
         leaves.append(Leaf(name, path, v))
     func.arg_names = [lf.qualified for lf in leaves]
     out_avals = jax.tree_util.tree_leaves(lowered.out_info)
+    for v, aval in [*zip(func.args, (leaf for _, _, leaf in flat_in)),
+                    *zip(func.returns, out_avals)]:
+        if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
+            func.element_rank[v] = len(aval.shape)
     func.result_paths = [key_path_str(path) for path, _ in
                          jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
     out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]

@@ -128,6 +128,10 @@ class Func:
     arg_names: list[str] = field(default_factory=list)
     result_paths: list[str] = field(default_factory=list)  # each output's key path ("1/w")
     arg_attrs: dict[int, str] = field(default_factory=dict)  # arg index -> "name = value, ..."
+    # Arguments and results holding an extended dtype's elements (typed PRNG keys): their
+    # trailing dimensions are each element's words (a threefry key's 2 uint32s), so only
+    # the leading `rank` (the array's own) may be tiled. Value -> that rank.
+    element_rank: dict[Value, int] = field(default_factory=dict)
     # `partir_plugin.tag` names -> every value tagged so, in program order (a model that calls
     # the same layer twice, or a scan body and its prologue, tags several values alike).
     tags: dict[str, list[Value]] = field(default_factory=dict)
