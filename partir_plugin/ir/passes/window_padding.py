@@ -10,7 +10,9 @@ halos (core/rules/halo.py). Both fold exactly:
   forward pass and the weight gradient); the pad goes when nothing else reads it;
 - `pad(conv(...), low, high)` with non-positive edges on the output's spatial dimensions (a
   crop): output row o' is row o' + |low| of the convolution, whose window starts |low|·stride
-  rows later, so the convolution's padding shrinks by |low|·stride and |high|·stride;
+  rows later, so the convolution's padding shrinks by |low|·stride and |high|·stride; a crop
+  of a sum of such convolutions (the gradient of an image two convolutions read) folds into
+  each;
 - `reduce_window(pad(x, c))` with c its init value (jax's transpose of a sum pool pads the
   output gradient with zeros inside and at the edges): interior padding is base dilation,
   whose holes a reduce_window fills with its init value as it does its padding, so the pad's
@@ -136,22 +138,77 @@ def _fold_into_reduce_window(op: Op, uses: dict[Value, int]) -> bool:
 
 
 def _fold_crop(pad: Op, uses: dict[Value, int]) -> bool:
-    conv = pad.operands[0].producer
-    layouts = _dims(conv) if conv is not None and conv.name == CONV else None
-    if layouts is None or uses.get(pad.operands[0]) != 1:
+    """Fold a crop into the convolutions computing its operand: one convolution, or a sum of
+    them (an image read by two convolutions, as a gated causal convolution reads its padded
+    input: its gradient adds two input gradients before the pad's crop), each read only
+    there. The pad's result becomes the convolution's (or the sum's), and a summed
+    convolution's result takes the cropped type."""
+    producer = pad.operands[0].producer
+    if producer is None or uses.get(pad.operands[0]) != 1:
         return False
-    _, out = layouts
-    rank = sum(c.isdigit() for c in out)
-    strides = parse_i64_array(conv.attributes.get("window_strides", "")) or [1] * rank
-    pads = _moved(conv, out, _edges(pad), strides, sign=-1)
-    if pads is None:
+    folds = _crop_folds(producer, _edges(pad), uses)
+    if folds is None:
         return False
-    conv.attributes["padding"] = format_padding(pads)
     result = pad.results[0]
-    result.owner, result.index = conv, 0
-    conv.results = [result]
+    for conv, pads in folds:
+        conv.attributes["padding"] = format_padding(pads)
+        if conv is not producer:
+            conv.results[0].type = result.type
+    for op in _sums_under(producer):
+        op.results[0].type = result.type
+    if producer.name == "stablehlo.add":
+        for op in [producer, *_sums_under(producer)]:
+            op.rule = _resized_rule(op.rule, pad.operands[0].type.shape, result.type.shape)
+    result.owner, result.index = producer, 0
+    producer.results = [result]
     uses[pad.operands[1]] -= 1
     return True
+
+
+def _crop_folds(op: Op, edges, uses: dict[Value, int]) -> list[tuple[Op, list]] | None:
+    """Each convolution under `op` (a convolution, or adds of convolutions each read once)
+    with its padding after the crop `edges`; None where one does not fold."""
+    if op.name == "stablehlo.add":
+        folds = []
+        for v in op.operands:
+            inner = v.producer
+            if inner is None or uses.get(v) != 1:
+                return None
+            found = _crop_folds(inner, edges, uses)
+            if found is None:
+                return None
+            folds += found
+        return folds
+    layouts = _dims(op) if op.name == CONV else None
+    if layouts is None:
+        return None
+    _, out = layouts
+    rank = sum(c.isdigit() for c in out)
+    strides = parse_i64_array(op.attributes.get("window_strides", "")) or [1] * rank
+    pads = _moved(op, out, edges, strides, sign=-1)
+    return None if pads is None else [(op, pads)]
+
+
+def _resized_rule(rule: str | None, old: tuple[int, ...], new: tuple[int, ...]) -> str | None:
+    """An add's Shardy rule (one factor per dimension, imported with the shapes before the
+    crop) with the factor sizes of the cropped dimensions changed: propagation reads the
+    sizes from the rule."""
+    m = re.search(r"->\(\[([^\]]*)\]", rule or "")
+    if m is None:
+        return rule
+    factors = [f.strip() for f in m.group(1).split(",")]
+    for factor, a, b in zip(factors, old, new):
+        if a != b:
+            rule = re.sub(rf"(?<=[{{ ]){factor}={a}\b", f"{factor}={b}", rule)
+    return rule
+
+
+def _sums_under(op: Op) -> list[Op]:
+    """The adds of a folded sum below its top one (each takes the cropped type)."""
+    if op.name != "stablehlo.add":
+        return []
+    inner = [v.producer for v in op.operands if v.producer.name == "stablehlo.add"]
+    return inner + [s for i in inner for s in _sums_under(i)]
 
 
 def _moved(conv: Op, layout: list[str], edges, scale: list[int], sign: int
