@@ -431,6 +431,24 @@ def test_batch_coupled_layer_bodies_warn():
         x = x[:8]  # the weights' first dimension (8), contracted, now has the batch's size
         lowered(jax.checkpoint(layer_norm))
 
+    # The batch merged with the tokens, as an MoE router flattens them: a capacity count
+    # over tokens (a cumsum) routes each microbatch on its own; a per-token layer does not.
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 4, 8))
+
+    def capacity(h, w):
+        tokens = jnp.tanh(h.reshape(-1, 8) @ w)
+        position = jnp.cumsum(tokens > 0, axis=0)
+        return jnp.where(position < 20, tokens, 0.0).reshape(h.shape), None
+
+    def per_token(h, w):
+        return jnp.tanh(h.reshape(-1, 8) @ w).reshape(h.shape), None
+
+    with pytest.warns(PipelineWarning, match="cumsum"):
+        lowered(capacity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PipelineWarning)
+        lowered(per_token)
+
 
 def test_an_auxiliary_sum_in_a_checkpointed_layer_does_not_warn():
     """A reduction over the batch that feeds only a carried sum (an auxiliary loss) is

@@ -458,8 +458,8 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
             # An equation may have no operand (iota, a constant inside a remat or a nested
             # jit): nothing of the batch to reduce.
             operand = eqn.invars[0].aval if eqn.invars else None
-            if (eqn.primitive.name in _BATCH_REDUCTIONS and getattr(operand, "ndim", 0)
-                    and operand.shape[0] == batch and 0 in tuple(axes or ())):
+            if (eqn.primitive.name in _BATCH_REDUCTIONS and _holds_batch(operand, batch)
+                    and 0 in tuple(axes or ())):
                 found.append(eqn.primitive.name)
             elif not isinstance(tainted, _Everything) and _moves_rows(eqn, batch, tainted):
                 found.append(eqn.primitive.name)
@@ -479,18 +479,24 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
     return sorted(set(found))
 
 
+def _holds_batch(aval, batch: int) -> bool:
+    """Does a value's leading dimension hold the batch: its size, or a multiple of it (the
+    batch merged with the tokens, `h.reshape(B * T, D)`, as an MoE router or a dropless
+    dispatch flattens them)? A heuristic, like the whole check: it warns, never refuses."""
+    n = aval.shape[0] if getattr(aval, "ndim", 0) >= 1 else 0
+    return n >= batch > 0 and n % batch == 0
+
+
 def _moves_rows(eqn, batch: int, tainted) -> bool:
     """Does `eqn` read rows of a batch-major operand at other rows (a shift, a reversal, a
     sort or a contraction over the batch)? Each row of a microbatch would then read rows of
     its microbatch only (`jnp.roll(h, 1, axis=0)` wraps around inside it). Batch-major means
-    a leading dimension of size `batch` of a value computed from the carry (`tainted`); a
-    reshape that merges the batch into another dimension is not followed (the heuristic's
-    known gap)."""
+    a leading dimension holding the batch (`_holds_batch`: of size `batch`, or the batch
+    merged with the tokens) of a value computed from the carry (`tainted`)."""
     name, params, ins = eqn.primitive.name, eqn.params, eqn.invars
 
     def batch_major(v) -> bool:
-        aval = getattr(v, "aval", None)
-        return (getattr(aval, "ndim", 0) >= 1 and aval.shape[0] == batch
+        return (_holds_batch(getattr(v, "aval", None), batch)
                 and not isinstance(v, jex_core.Literal) and v in tainted)
 
     if name == "dot_general":  # either operand contracted over its batch dimension
@@ -499,14 +505,15 @@ def _moves_rows(eqn, batch: int, tainted) -> bool:
     if not ins or not batch_major(ins[0]):
         return False
     first = ins[0].aval
+    rows = first.shape[0]
     if name == "slice":
         strides = params.get("strides") or (1,) * first.ndim
         return (params["start_indices"][0], params["limit_indices"][0], strides[0]) != (
-            0, batch, 1)
+            0, rows, 1)
     if name == "dynamic_slice":
-        return params["slice_sizes"][0] != batch
+        return params["slice_sizes"][0] != rows
     if name == "dynamic_update_slice":
-        return ins[1].aval.shape[0] != batch
+        return ins[1].aval.shape[0] != rows
     if name in ("concatenate", "sort"):
         return params["dimension"] == 0
     if name == "pad":
