@@ -433,6 +433,36 @@ def test_scalar_auxiliary_loss_in_the_carry_pp_only():
                             what="carry (x, aux), [PP(4)] only")
 
 
+def _routed_aux_step(choose: str):
+    """An MoE-style auxiliary loss: each token's probability of the expert it is routed to
+    (chosen by top_k or argsort, as dropless routers choose), averaged, added to a carry
+    that starts as a Python float (helper-25: the float crashed, and top_k/argsort routing
+    was refused as "not a sum over the batch's rows")."""
+    def body(carry, p):
+        x, aux = carry
+        probs = jax.nn.softmax(x @ p["wq"], axis=-1)
+        if choose == "top_k":
+            _, idx = lax.top_k(probs, 2)
+            g = jnp.sum(probs * jax.nn.one_hot(idx[..., 0], probs.shape[-1]), -1)
+        else:
+            g = jnp.take_along_axis(probs, jnp.argsort(probs, -1), -1)[..., -1]
+        return (x + jnp.tanh(x * g[..., None]) @ p["wo"], aux + jnp.mean(g)), None
+
+    def step(params, batch):
+        def loss(params):
+            (out, aux), _ = lax.scan(body, (batch["x"], 0.0), params)
+            return jnp.mean((out - batch["y"]) ** 2) + 0.1 * aux
+        return jax.value_and_grad(loss)(params)
+
+    return step
+
+
+@pytest.mark.parametrize("choose", ["top_k", "argsort"])
+def test_routed_auxiliary_loss_from_a_python_float_carry(choose):
+    partitioned_matches_jit(_routed_aux_step(choose), (_init_stack(), _tokens_batch()),
+                            [PP(4), BP()], what=f"aux loss routed by {choose}")
+
+
 def _nonlinear_aux_step(params, batch):
     def body(carry, p):
         x, aux = carry

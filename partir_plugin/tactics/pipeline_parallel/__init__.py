@@ -134,6 +134,7 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
     it holds) and, inside it, each layer: the units RM may recompute
     (`layer_loop.LayerLoopHook.remat`).
     """
+    carry = jax.tree.map(jnp.asarray, carry)  # Python scalars, as lax.scan takes them
     carry_leaves, carry_tree = jax.tree.flatten(carry)
     xs_leaves = jax.tree.leaves(xs)
     site = site or call_site()
@@ -570,7 +571,8 @@ class _PipelineHook(LayerLoopHook):
 
     def substitute(self, call: ScanCall, remat: Remat):
         loop, tactic = self.run.loop, self.tactic
-        f, init, xs, site = call.body, call.init, call.xs, call.site
+        f, xs, site = call.body, call.xs, call.site
+        init = jax.tree.map(jnp.asarray, call.init)  # Python scalars, as lax.scan takes them
         layers = jax.tree.leaves(xs)[0].shape[0]
         batch = _batch_size(jax.tree.leaves(init))
         kept = KeptState()

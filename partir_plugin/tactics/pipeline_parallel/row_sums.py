@@ -110,7 +110,10 @@ class _Walk:
             return [("c", e)] * n_out
         if any(c is None for c in ins):
             return [None] * n_out
-        return [self.row_rule(eqn, ins)] + [None] * (n_out - 1)
+        found = self.row_rule(eqn, ins)
+        if name in ("top_k", "sort") and found is not None and found[0] == "r":
+            return [found] * n_out  # values and indices (a payload) row by row alike
+        return [found] + [None] * (n_out - 1)
 
     def row_rule(self, eqn, ins: list):
         name, p = eqn.primitive.name, eqn.params
@@ -152,6 +155,8 @@ class _Walk:
             return c if whole else None
         if name == "dot_general":
             return _dot(ins, p["dimension_numbers"], eqn)
+        if name == "gather" and kinds[:2] == ["r", "r"]:
+            return _gather(ins, p["dimension_numbers"], eqn)
         return None
 
 
@@ -240,6 +245,22 @@ def _classes(jaxpr, sentinel, tainted: set, sentinel_rows: int, carried: int | N
         return _Walk(rows, sentinel_rows).run(jaxpr, sentinel, classes)
     except _Mismatch:
         return "the layer body traces differently at another microbatch size"
+
+
+def _gather(ins, numbers, eqn):
+    """A gather whose operand and indices hold the batch along a paired batching dimension
+    (`take_along_axis` along another dimension): each row gathers from its own row."""
+    (_, d_op), (_, d_idx) = ins[0], ins[1]
+    if d_op not in numbers.operand_batching_dims:
+        return None
+    pair = numbers.start_indices_batching_dims[numbers.operand_batching_dims.index(d_op)]
+    if pair != d_idx:
+        return None
+    rank = len(eqn.outvars[0].aval.shape)
+    index_dims = [d for d in range(len(eqn.invars[1].aval.shape)) if d != len(
+        eqn.invars[1].aval.shape) - 1]  # jax puts the index vector last
+    batch_positions = [d for d in range(rank) if d not in numbers.offset_dims]
+    return ("r", batch_positions[index_dims.index(d_idx)]) if d_idx in index_dims else None
 
 
 def sum_over_rows(jaxpr, sentinel, invar: int, outvar: int, tainted: set, microbatches: int,
