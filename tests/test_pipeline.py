@@ -445,6 +445,13 @@ def test_batch_coupled_layer_bodies_warn():
 
     with pytest.warns(PipelineWarning, match="cumsum"):
         lowered(capacity)
+
+    def row_numbers(h, w):  # a mask by row number: per microbatch it counts from 0 again
+        row = jnp.arange(h.shape[0], dtype=h.dtype)[:, None, None]
+        return jnp.tanh((h + 0.5 * h * row).reshape(-1, 8) @ w).reshape(h.shape), None
+
+    with pytest.warns(PipelineWarning, match="counts the batch's rows"):
+        lowered(row_numbers)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PipelineWarning)
         lowered(per_token)

@@ -159,6 +159,13 @@ def pipelined_scan(body: Callable, carry, xs, *, stages: int, microbatches: int,
                                                                  xs_avals),
                                  microbatches=microbatches, captured=layer.jaxpr.consts,
                                  site=site, kept=kept)
+    if program.row_indices:
+        warnings.warn(f"PP: the layer body of the scan at {site} counts the batch's rows "
+                      f"(an iota, jnp.arange over the batch, at "
+                      f"{', '.join(sorted(set(program.row_indices)))}): per microbatch it "
+                      f"counts the microbatch's rows, so a body using those numbers as values "
+                      f"(a mask by row number) computes other results than the unpipelined "
+                      f"step", PipelineWarning, stacklevel=4)
     S, M, R = stages, microbatches, repeats
     mb = batch // M
     roles = program.roles

@@ -183,6 +183,24 @@ def _fits(shapes, carry_leaves, batch_mask, rows: int) -> bool:
         for o, c, b in zip(out, carry_leaves, batch_mask))
 
 
+def _row_index_sites(real, sentinel) -> list[str]:
+    """The lines of the iotas of `real` (the layer at the microbatch size) that count along
+    a dimension whose size changes with the microbatch size (the same iota in `sentinel`,
+    traced at another size, is longer there): the batch's row numbers."""
+    found = []
+    for a, b in zip(real.eqns, sentinel.eqns):
+        if a.primitive is not b.primitive:
+            break
+        if a.primitive.name == "iota":
+            d = a.params["dimension"]
+            if tuple(a.params["shape"])[d] != tuple(b.params["shape"])[d]:
+                found.append(microbatch_rng.where(a))
+        for x, y in zip(jex_core.jaxprs_in_params(a.params),
+                        jex_core.jaxprs_in_params(b.params)):
+            found += _row_index_sites(x, y)
+    return found
+
+
 @dataclass(frozen=True)
 class LayerOutput:
     """How the pipeline makes one leaf of the scan's per-layer outputs `ys`: from the layer's
@@ -216,6 +234,10 @@ class LayerProgram:
     carry_names: list[str] = field(default_factory=list)
     summed_scale: dict = field(default_factory=dict)  # leaf index -> factor on the sum
     ys_outputs: list[LayerOutput] = field(default_factory=list)  # per ys leaf
+    # Lines where the body counts the batch's rows (an iota along it, `jnp.arange(B)`):
+    # per microbatch that counts the microbatch's rows instead, which changes a body using
+    # the counts as values (a mask by row number); the pipeline warns.
+    row_indices: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, f: Callable, init, xs, *, microbatches: int, captured: Sequence,
@@ -247,6 +269,7 @@ class LayerProgram:
         draws = microbatch_rng.find_draws(closed.jaxpr, traced_s.jaxpr, rows, sentinel)
         program = cls(closed, per_example, batch_mask, [], carry_tree, shapes[1], draws,
                       microbatches, len(jax.tree.leaves(x_avals)), names)
+        program.row_indices = _row_index_sites(closed.jaxpr, traced_s.jaxpr)
         program.roles = program._roles(site, traced_s, sentinel)
         return program
 
