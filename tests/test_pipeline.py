@@ -457,6 +457,20 @@ def test_batch_coupled_layer_bodies_warn():
         lowered(per_token)
 
 
+def test_a_body_indexing_the_batch_with_a_numpy_array_is_refused_clearly():
+    """`h[perm]` with a numpy permutation of the batch's length cannot run per microbatch;
+    the error named a broadcast of the probe size (1009) the user never wrote."""
+    perm = np.arange(16)[::-1]
+
+    def step(w, x):
+        return (lax.scan(lambda h, wl: (jnp.tanh(h[perm] @ wl) + h, None), x, w)[0]).sum()
+
+    fn, _ = partir.jit(step, {"stage": 4}, [partir.tactic("PP", microbatches=4)])
+    with pytest.raises(partir.PartitionError, match=r"probe microbatch of \d+ rows.*numpy "
+                                                    r"index array"):
+        fn.lower(jnp.ones((8, 8, 8)), jnp.ones((16, 8)))
+
+
 def test_an_auxiliary_sum_in_a_checkpointed_layer_does_not_warn():
     """A reduction over the batch that feeds only a carried sum (an auxiliary loss) is
     summed exactly over microbatches; inside `jax.checkpoint` it warned as batch-coupled."""

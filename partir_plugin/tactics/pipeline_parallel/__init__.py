@@ -592,8 +592,11 @@ class _PipelineHook(LayerLoopHook):
                           f"({', '.join(coupled)}): microbatching computes those per "
                           f"microbatch of {batch // tactic.microbatches}, not over the batch "
                           f"of {batch} (batch norm's statistics, a roll along the batch), so "
-                          f"results may differ from the unpipelined step", PipelineWarning,
-                          stacklevel=3)
+                          f"results may differ from the unpipelined step. (PP takes the "
+                          f"carry's leading dimension, {batch}, for the batch: a time-major "
+                          f"carry [T, B, ...] is cut along time, which a body reading along "
+                          f"time does not survive; make the carry batch-major.)",
+                          PipelineWarning, stacklevel=3)
         if layer.jaxpr.effects:  # a host callback (jax.debug.print, io_callback, ...)
             warnings.warn(f"{tactic.name}: the layer body of the scan at {site} has host "
                           f"callbacks ({', '.join(sorted(map(str, layer.jaxpr.effects)))}): "

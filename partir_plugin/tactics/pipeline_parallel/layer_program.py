@@ -395,10 +395,13 @@ def _per_example(f, carry_leaves, carry_tree, batch_mask, x_avals, candidates: l
         errors.append("the carry comes back with other shapes")
     shapes = ", ".join(str(tuple(c.shape)) for c in candidates) or "none"
     raise PartitionError(
-        f"PP: the layer loop at {site} does not run on a microbatch: with the carry's rows "
-        f"cut into microbatches, and the batch-major values it reads ({shapes}) cut alike, "
-        f"it fails ({errors[-1] if errors else 'no trace'}). Batch-major values the body "
-        f"reads are microbatched when their leading dimension is the batch")
+        f"PP: the layer loop at {site} does not run on a microbatch: traced with the "
+        f"carry's rows cut to a probe microbatch of {sentinel} rows, and the batch-major "
+        f"values it reads ({shapes}) cut alike, it fails "
+        f"({errors[-1] if errors else 'no trace'}). The body must not depend on the batch's "
+        f"size through a constant of that size (a numpy index array or mask of the batch's "
+        f"length, as in `h[perm]`); indexing the batch by row reads rows a microbatch does "
+        f"not hold")
 
 
 def stacked_names(xs) -> list[str]:
