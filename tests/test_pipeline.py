@@ -452,6 +452,24 @@ def test_batch_coupled_layer_bodies_warn():
 
     with pytest.warns(PipelineWarning, match="counts the batch's rows"):
         lowered(row_numbers)
+
+    # The batch moved off dimension 0 is followed there: GShard's dispatch and combine
+    # einsums (group = example) read no other rows; a roll along the moved batch does.
+    def dispatch(h, w):
+        probs = jax.nn.softmax(h @ w[:, :2], axis=-1)  # [G, S, 2 experts]
+        disp = probs[..., None] * jax.nn.one_hot(jnp.arange(4), 4)[None, :, None, :]
+        expert = jnp.tanh(jnp.einsum("gsec,gsd->egcd", disp, h))
+        return h + jnp.einsum("gsec,egcd->gsd", disp, expert), None
+
+    def rolled_moved(h, w):
+        t = jnp.swapaxes(jnp.tanh(h @ w), 0, 1)  # [S, G, D]
+        return h + jnp.swapaxes(jnp.roll(t, 1, axis=1), 0, 1), None
+
+    with pytest.warns(PipelineWarning, match="reads other rows of it"):
+        lowered(rolled_moved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PipelineWarning)
+        lowered(dispatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PipelineWarning)
         lowered(per_token)

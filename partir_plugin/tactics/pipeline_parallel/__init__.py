@@ -458,6 +458,8 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
             for i, v in enumerate(jaxpr.outvars)]
     needed = pe.dce_jaxpr(jaxpr, used, instantiate=False)[0]
 
+    moved: dict = {}  # values whose batch is on a dimension other than 0 (`_batch_dims`)
+
     def visit(eqns, tainted) -> None:
         for eqn in eqns:
             if not any(v in tainted for v in eqn.outvars):
@@ -465,17 +467,26 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
             axes = eqn.params.get("axes", (eqn.params.get("axis"),))
             # An equation may have no operand (iota, a constant inside a remat or a nested
             # jit): nothing of the batch to reduce.
-            operand = eqn.invars[0].aval if eqn.invars else None
-            if (eqn.primitive.name in _BATCH_REDUCTIONS and _holds_batch(operand, batch)
-                    and 0 in tuple(axes or ())):
+            first = eqn.invars[0] if eqn.invars else None
+            operand = first.aval if first is not None else None
+            d = moved.get(first, 0) if not isinstance(first, jex_core.Literal) else 0
+            if (eqn.primitive.name in _BATCH_REDUCTIONS and _holds_batch(operand, batch, d)
+                    and d in tuple(axes or ())):
                 found.append(eqn.primitive.name)
-            elif not isinstance(tainted, _Everything) and _moves_rows(eqn, batch, tainted):
+            elif not isinstance(tainted, _Everything) and _moves_rows(eqn, batch, tainted,
+                                                                      moved):
                 found.append(eqn.primitive.name)
+            if not isinstance(tainted, _Everything):
+                moved.update(_batch_dims(eqn, batch, tainted, moved))
             body = call_body(eqn)
             if body is not None:  # a nested jit or checkpoint: what it computes from the carry
                 read = [body.invars[i] for i, v in enumerate(eqn.invars)
                         if not isinstance(v, jex_core.Literal) and v in tainted]
+                moved.update({inner: moved[v] for inner, v in zip(body.invars, eqn.invars)
+                              if not isinstance(v, jex_core.Literal) and v in moved})
                 visit(body.eqns, computed_from(body, read))
+                moved.update({v: moved[inner] for inner, v in zip(body.outvars, eqn.outvars)
+                              if not isinstance(inner, jex_core.Literal) and inner in moved})
                 continue
             for sub in jex_core.jaxprs_in_params(eqn.params):  # inside: every value counts
                 visit(sub.eqns, _Everything())
@@ -487,59 +498,109 @@ def batch_coupled_ops(layer: LayerTrace, batch: int) -> list[str]:
     return sorted(set(found))
 
 
-def _holds_batch(aval, batch: int) -> bool:
-    """Does a value's leading dimension hold the batch: its size, or a multiple of it (the
+def _holds_batch(aval, batch: int, dim: int = 0) -> bool:
+    """Does dimension `dim` of a value hold the batch: its size, or a multiple of it (the
     batch merged with the tokens, `h.reshape(B * T, D)`, as an MoE router or a dropless
     dispatch flattens them)? A heuristic, like the whole check: it warns, never refuses."""
-    n = aval.shape[0] if getattr(aval, "ndim", 0) >= 1 else 0
+    n = aval.shape[dim] if getattr(aval, "ndim", 0) > dim else 0
     return n >= batch > 0 and n % batch == 0
 
 
-def _moves_rows(eqn, batch: int, tainted) -> bool:
+def _batch_dims(eqn, batch: int, tainted, moved: dict) -> dict:
+    """Where the batch goes in `eqn`'s results, for those whose batch is not on dimension 0:
+    a transpose or an einsum (`gsec,gsd->egcd`, GShard's dispatch) moves it without reading
+    other rows, so the check follows it there rather than warning. Values the rules below do
+    not cover keep the leading-dimension heuristic."""
+    name, params, ins = eqn.primitive.name, eqn.params, eqn.invars
+
+    def dim(v) -> int | None:
+        if isinstance(v, jex_core.Literal) or v not in tainted:
+            return None
+        d = moved.get(v, 0)
+        return d if _holds_batch(v.aval, batch, d) else None
+
+    out = None
+    if name == "transpose" and dim(ins[0]) is not None:
+        out = list(params["permutation"]).index(dim(ins[0]))
+    elif name == "dot_general":
+        (lc, rc), (lb, rb) = params["dimension_numbers"]
+        ranks = [len(v.aval.shape) for v in ins]
+        free = [[d for d in range(r) if d not in c and d not in b]
+                for r, c, b in zip(ranks, (lc, rc), (lb, rb))]
+        for side, (v, b) in enumerate(zip(ins, (lb, rb))):
+            d = dim(v)
+            if d is not None and d in b:
+                out = list(b).index(d)
+            elif d is not None and d in free[side]:
+                out = len(lb) + (len(free[0]) if side else 0) + free[side].index(d)
+            if out is not None:
+                break
+    elif name == "broadcast_in_dim" and dim(ins[0]) is not None:
+        out = params["broadcast_dimensions"][dim(ins[0])]
+    elif name in ("reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin") and (
+            dim(ins[0]) is not None):
+        d = dim(ins[0])
+        out = d - sum(a < d for a in params["axes"]) if d not in params["axes"] else None
+    elif len(eqn.outvars) == 1 and all(
+            getattr(v.aval, "shape", None) == eqn.outvars[0].aval.shape for v in ins
+            if not isinstance(v, jex_core.Literal)):
+        found = [moved[v] for v in ins if not isinstance(v, jex_core.Literal) and v in moved]
+        out = found[0] if found else None  # elementwise: where its operands hold it
+    if out is None or out == 0:
+        return {}
+    return {eqn.outvars[0]: out}
+
+
+def _moves_rows(eqn, batch: int, tainted, moved: dict | None = None) -> bool:
     """Does `eqn` read rows of a batch-major operand at other rows (a shift, a reversal, a
     sort or a contraction over the batch)? Each row of a microbatch would then read rows of
     its microbatch only (`jnp.roll(h, 1, axis=0)` wraps around inside it). Batch-major means
-    a leading dimension holding the batch (`_holds_batch`: of size `batch`, or the batch
-    merged with the tokens) of a value computed from the carry (`tainted`)."""
+    a dimension holding the batch (`_holds_batch`: of size `batch`, or the batch merged with
+    the tokens) of a value computed from the carry (`tainted`): dimension 0, or where a
+    transpose or an einsum moved it (`moved`, `_batch_dims`)."""
     name, params, ins = eqn.primitive.name, eqn.params, eqn.invars
+    moved = moved or {}
 
-    def batch_major(v) -> bool:
-        return (_holds_batch(getattr(v, "aval", None), batch)
-                and not isinstance(v, jex_core.Literal) and v in tainted)
+    def batch_dim(v) -> int | None:
+        if isinstance(v, jex_core.Literal) or v not in tainted:
+            return None
+        d = moved.get(v, 0)
+        return d if _holds_batch(getattr(v, "aval", None), batch, d) else None
 
     if name == "dot_general":  # either operand contracted over its batch dimension
-        return any(batch_major(v) and 0 in contracting
+        return any(batch_dim(v) is not None and batch_dim(v) in contracting
                    for v, contracting in zip(ins, params["dimension_numbers"][0]))
-    if not ins or not batch_major(ins[0]):
+    d = batch_dim(ins[0]) if ins else None
+    if d is None:
         return False
     first = ins[0].aval
-    rows = first.shape[0]
+    rows = first.shape[d]
     if name == "slice":
         strides = params.get("strides") or (1,) * first.ndim
-        return (params["start_indices"][0], params["limit_indices"][0], strides[0]) != (
+        return (params["start_indices"][d], params["limit_indices"][d], strides[d]) != (
             0, rows, 1)
     if name == "dynamic_slice":
-        return params["slice_sizes"][0] != rows
+        return params["slice_sizes"][d] != rows
     if name == "dynamic_update_slice":
-        return ins[1].aval.shape[0] != rows
+        return ins[1].aval.shape[d] != rows
     if name in ("concatenate", "sort"):
-        return params["dimension"] == 0
+        return params["dimension"] == d
     if name == "pad":
-        return tuple(params["padding_config"][0]) != (0, 0, 0)
+        return tuple(params["padding_config"][d]) != (0, 0, 0)
     if name == "rev":
-        return 0 in params["dimensions"]
+        return d in params["dimensions"]
     if name == "transpose":
-        return params["permutation"][0] != 0
+        return False  # followed (`_batch_dims`)
     if name == "gather":
-        return 0 in params["dimension_numbers"].start_index_map
+        return d in params["dimension_numbers"].start_index_map
     if name.startswith("scatter"):
-        return 0 in params["dimension_numbers"].scatter_dims_to_operand_dims
+        return d in params["dimension_numbers"].scatter_dims_to_operand_dims
     if name.startswith("reduce_window") or name == "select_and_scatter_add":
-        dims = params.get("window_dimensions", (1,))
-        strides = params.get("window_strides", (1,))
-        return dims[0] != 1 or strides[0] != 1
+        dims = params.get("window_dimensions", (1,) * first.ndim)
+        strides = params.get("window_strides", (1,) * first.ndim)
+        return dims[d] != 1 or strides[d] != 1
     if name == "top_k":
-        return first.ndim == 1
+        return d == first.ndim - 1
     return False
 
 
