@@ -379,6 +379,8 @@ def test_pp_errors_name_the_tactic(model):
         partir.jit(step, {"stage": 2, "batch": 4}, [
             partir.tactic("PP", microbatches=8), partir.tactic("BP", axis="batch")]
         )[0].lower(*args)
+    with pytest.raises(partir.PartitionError, match=r"^PP: axis 'stage' is not in the mesh"):
+        partir.jit(step, {"batch": 4}, [partir.tactic("PP", microbatches=4)])[0].lower(*args)
     # Two PP tactics: the second used to say it found no layer loop (the first took it).
     with pytest.raises(partir.PartitionError, match=r"PP \(axis 'stage'\) and PP2 \(axis "
                                                     r"'more'\) each pipeline the layer loop"):

@@ -728,7 +728,11 @@ class PipelineParallel(Tactic):
                                  f"{self.microbatches}")
 
     def trace_hook(self, mesh) -> _PipelineHook:
-        return _PipelineHook(self, Mesh.of(mesh).axis_size(self.axis))
+        try:
+            stages = Mesh.of(mesh).axis_size(self.axis)
+        except PartitionError as e:
+            raise PartitionError(f"{self.name}: {e}") from None
+        return _PipelineHook(self, stages)
 
     def apply(self, ctx: TacticContext) -> None:
         """Untraced (a StableHLO file, or a step traced without this tactic's hook): there
