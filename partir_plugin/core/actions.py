@@ -21,10 +21,13 @@ class Leaf:
     arg: str  # the argument's name
     path: str  # key path inside the argument, joined by "/" ("" for an array argument)
     value: Value
+    rank: int | None = None  # of a typed PRNG key array, whose program type adds its words
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.value.type.shape
+        """The array's shape as the user sees it (a scalar key is `()`, not its words)."""
+        shape = self.value.type.shape
+        return shape if self.rank is None else shape[:self.rank]
 
     @property
     def qualified(self) -> str:
@@ -119,7 +122,7 @@ class TacticContext:
                 f"cannot decide {what} on axis {axis!r}: it is a loop's carry (a while, "
                 f"fori_loop or scan body returns it), which has one distribution with the "
                 f"loop's operand and result, and that is already tiled on dimension {current} "
-                f"(an argument's tiling reached the loop's operand); tile the value the loop "
+                f"(an earlier tiling reached the loop's operand); tile the value the loop "
                 f"starts from alike, or tag the loop's result instead")
         if current is not None and (v.producer, axis) in self.state.boundaries:
             raise PartitionError(

@@ -325,9 +325,10 @@ class PartitionState:
         if current is not None:
             if len(self.aliases.get(v, (v,))) > 1:
                 return (f"it is already tiled on axis {axis!r} (dimension {current}): it "
-                        f"enters a loop as its carry, which has one distribution with it, "
-                        f"and the carry's was decided inside the loop (a shard_map's in_specs "
-                        f"or a tag there), or by an earlier tiling of the loop")
+                        f"enters a loop (a while's operand: a carry, or a scan's stacked "
+                        f"inputs), whose values inside share one distribution with it, and "
+                        f"an earlier tiling of those decided it (an earlier tactic's "
+                        f"propagation, a shard_map's in_specs or a tag in the loop)")
             return f"it is already tiled on axis {axis!r} (dimension {current})"
         if v.type.shape[dim] == 0:
             return f"dimension {dim} is empty"  # nothing to split; no collective takes it

@@ -217,14 +217,14 @@ def trace(fn, args: tuple, schedule: Sequence = (), mesh=None,
     if len(flat_in) != len(func.args):
         raise PartitionError(f"traced function has {len(func.args)} array arguments but the "
                              f"arguments have {len(flat_in)} leaves")
-    for (name, path, _), v in zip(flat_in, func.args):
-        leaves.append(Leaf(name, path, v))
-    func.arg_names = [lf.qualified for lf in leaves]
     out_avals = jax.tree_util.tree_leaves(lowered.out_info)
     for v, aval in [*zip(func.args, (leaf for _, _, leaf in flat_in)),
                     *zip(func.returns, out_avals)]:
         if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
             func.element_rank[v] = len(aval.shape)
+    for (name, path, _), v in zip(flat_in, func.args):
+        leaves.append(Leaf(name, path, v, func.element_rank.get(v)))
+    func.arg_names = [lf.qualified for lf in leaves]
     func.result_paths = [key_path_str(path) for path, _ in
                          jax.tree_util.tree_flatten_with_path(lowered.out_info)[0]]
     out_names = [f"output {path!r}" if path else "output" for path in func.result_paths]
