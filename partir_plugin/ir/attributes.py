@@ -18,6 +18,13 @@ def parse_i64_array(text: str) -> list[int]:
     return [int(x) for x in parse_array(text)]
 
 
+def dimension_list(numbers: str, key: str) -> list[int] | None:
+    """A list field of a gather's, scatter's or convolution's dimension numbers
+    (`start_index_map = [1, 2]` in `#stablehlo.gather<...>`), or None where it is absent."""
+    m = re.search(key + r" = \[([0-9, ]*)\]", numbers)
+    return None if m is None else [int(x) for x in m.group(1).split(",") if x.strip()]
+
+
 def i64_array(values) -> str:
     return "array<i64" + (": " + ", ".join(map(str, values)) if values else "") + ">"
 

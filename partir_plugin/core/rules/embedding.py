@@ -15,17 +15,10 @@ from __future__ import annotations
 
 import re
 
+from ...ir.attributes import dimension_list
 from ...ir.graph import Op
 from ...ir.opsets import Reduction
 from ..tmr import Sum, TMREntry
-
-
-def _ints(text: str, key: str) -> list[int] | None:
-    m = re.search(key + r" = \[([0-9, ]*)\]", text)
-    if m is None:
-        return None
-    return [int(x) for x in m.group(1).split(",") if x.strip()]
-
 
 # What the lookup form reads from each op's dimension numbers: (the op, its operand count, the
 # attribute, the indexed operand dims, the dims removed from the window, the batching dims).
@@ -44,10 +37,10 @@ def _indexed_dim(op: Op, form: str) -> int | None:
     if op.name != name or len(op.operands) != operands:
         return None
     numbers = op.attributes.get(attr, "")
-    dims = _ints(numbers, indexed)
-    if dims is None or len(dims) != 1 or dims[0] not in (_ints(numbers, removed) or []):
+    dims = dimension_list(numbers, indexed)
+    if dims is None or len(dims) != 1 or dims[0] not in (dimension_list(numbers, removed) or []):
         return None
-    if _ints(numbers, batching):
+    if dimension_list(numbers, batching):
         return None
     indices = op.operands[1].type.shape
     m = re.search(r"index_vector_dim = (\d+)", numbers)
@@ -68,11 +61,12 @@ def scatter_dim(op: Op) -> int | None:
 
 
 def update_window_dims(op: Op) -> list[int]:
-    return _ints(op.attributes.get("scatter_dimension_numbers", ""), "update_window_dims") or []
+    numbers = op.attributes.get("scatter_dimension_numbers", "")
+    return dimension_list(numbers, "update_window_dims") or []
 
 
 def offset_dims(op: Op) -> list[int]:
-    return _ints(op.attributes.get("dimension_numbers", ""), "offset_dims") or []
+    return dimension_list(op.attributes.get("dimension_numbers", ""), "offset_dims") or []
 
 
 def provide(op: Op, found: list[TMREntry] | None) -> list[TMREntry] | None:

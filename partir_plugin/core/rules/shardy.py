@@ -18,7 +18,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ...ir.attributes import parse_array, parse_i64_array
+from ...ir.attributes import dimension_list, parse_array, parse_i64_array
 from ...ir.graph import Op
 from ...ir.opsets import UNHALOED_OPS, Reduction
 from ..tmr import OWN_REDUCER, Sum, TMREntry
@@ -95,9 +95,9 @@ def _indexed_operand_dims(op: Op) -> set[int]:
     start is 0, so each tile reads (writes) its own rows."""
     text = op.attributes.get("dimension_numbers") or op.attributes.get(
         "scatter_dimension_numbers", "")
-    m = re.search(r"(?:start_index_map|scatter_dims_to_operand_dims) = \[([0-9, ]*)\]", text)
-    indexed = {int(d) for d in m.group(1).split(",") if d.strip()} if m else set()
-    return indexed - _whole_window_dims(op, text)
+    indexed = (dimension_list(text, "start_index_map")
+               or dimension_list(text, "scatter_dims_to_operand_dims") or [])
+    return set(indexed) - _whole_window_dims(op, text)
 
 
 def _whole_window_dims(op: Op, numbers: str) -> set[int]:
@@ -108,15 +108,12 @@ def _whole_window_dims(op: Op, numbers: str) -> set[int]:
         return {d for d, n in enumerate(sizes) if d < len(shape) and n == shape[d]}
     if len(op.operands) != 3:  # one operand, indices, updates (not a variadic scatter)
         return set()
-
-    def ints(key: str) -> list[int]:
-        found = re.search(key + r" = \[([0-9, ]*)\]", numbers)
-        return [int(x) for x in found.group(1).split(",") if x.strip()] if found else []
-
-    removed = set(ints("inserted_window_dims")) | set(ints("input_batching_dims"))
+    removed = {*(dimension_list(numbers, "inserted_window_dims") or []),
+               *(dimension_list(numbers, "input_batching_dims") or [])}
     window = [d for d in range(len(shape)) if d not in removed]
     updates = op.operands[2].type.shape
-    return {d for d, u in zip(window, ints("update_window_dims")) if updates[u] == shape[d]}
+    return {d for d, u in zip(window, dimension_list(numbers, "update_window_dims") or [])
+            if updates[u] == shape[d]}
 
 
 def _window_reduction_halos(op: Op) -> frozenset[int]:
